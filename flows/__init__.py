@@ -1,0 +1,1 @@
+"""Prefect flows: thin wiring of mem1_core stages (unpack parameters, call, persist)."""

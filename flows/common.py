@@ -1,0 +1,33 @@
+"""Small helpers shared by the flows: config from JSON-able parameters, artifacts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from mem1_core.config import Config, load_config
+
+
+def build_config(profile: str, config_path: str | None, overrides: list[str] | None) -> Config:
+    return load_config(profile, config_path, list(overrides or []))
+
+
+def run_dir(root: str | None, name: str) -> Path:
+    path = Path(root or "runs") / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path.resolve()
+
+
+def _key(key: str) -> str:
+    # Artifact keys: lowercase letters, digits and dashes only.
+    return "".join(c if c.isalnum() else "-" for c in key.lower()).strip("-")
+
+
+def publish_table(key: str, rows: list[dict[str, Any]], description: str) -> None:
+    create_table_artifact(key=_key(key), table=rows, description=description)
+
+
+def publish_markdown(key: str, markdown: str, description: str) -> None:
+    create_markdown_artifact(key=_key(key), markdown=markdown, description=description)

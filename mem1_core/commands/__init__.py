@@ -1,0 +1,1 @@
+"""Subcommands of the `mem1` CLI, one module per stage."""

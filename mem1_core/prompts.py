@@ -1,0 +1,49 @@
+"""Every text template the agent sees: the task prompt and the environment's hints.
+
+One module, used by composition, rollout, training and evaluation alike, so that the hint
+text can never differ between training and evaluation (a trap of the reference code,
+DESIGN.md §6).
+"""
+
+from __future__ import annotations
+
+# Tags the agent writes or reads. The tokenizer makes each one a single special token.
+IS_OPEN, IS_CLOSE = "<IS>", "</IS>"
+QUERY_OPEN, QUERY_CLOSE = "<query>", "</query>"
+INFO_OPEN, INFO_CLOSE = "<info>", "</info>"
+ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
+TAGS = (IS_OPEN, IS_CLOSE, QUERY_OPEN, QUERY_CLOSE, INFO_OPEN, INFO_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)
+ANSWER_SEPARATOR = ";"
+
+TASK_INSTRUCTIONS = (
+    "Answer the questions below by searching. Each turn, first write your internal state "
+    f"in {IS_OPEN} {IS_CLOSE}: it is your only memory, so keep in it every fact you still "
+    f"need. Then either search with {QUERY_OPEN} {QUERY_CLOSE} (results come back in "
+    f"{INFO_OPEN} {INFO_CLOSE}) or give the final answer as {ANSWER_OPEN} a1; a2 {ANSWER_CLOSE} "
+    "with one answer per question, separated by ; in question order."
+)
+
+
+def task_prompt(questions: list[str]) -> str:
+    """The task prompt for an N-objective task (N = len(questions))."""
+    if not questions:
+        raise ValueError("a task needs at least one question")
+    lines = [TASK_INSTRUCTIONS]
+    lines += [f"Question {i}: {q.strip()}" for i, q in enumerate(questions, 1)]
+    return "\n".join(lines) + "\n"
+
+
+def turns_left_hint(turns_left: int) -> str:
+    """Appended inside every `<info>` block; identical text in training and evaluation."""
+    if turns_left <= 1:
+        return "[HINT] This is your last turn: answer now."
+    return f"[HINT] You have {turns_left} turns left."
+
+
+def join_answers(answers: list[str]) -> str:
+    return f"{ANSWER_SEPARATOR} ".join(a.strip() for a in answers)
+
+
+def split_answers(text: str) -> list[str]:
+    """`a1; a2; …` -> [a1, a2, …] (the paper splits answers on `;`, DESIGN.md §6)."""
+    return [a.strip() for a in text.split(ANSWER_SEPARATOR)]
