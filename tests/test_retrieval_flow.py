@@ -1,0 +1,46 @@
+"""The build-index flow, run for real on an ephemeral Prefect (the smoke world): it builds
+once, then reuses the index while the corpus fingerprint is unchanged."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from mem1_core.config import load_config
+from mem1_core.retrieval import load_index
+
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+
+def test_index_options_follow_the_retrieval_config():
+    from flows.index import index_options
+
+    assert index_options(load_config("smoke")) == {}
+    paper = load_config("paper")
+    assert index_options(paper) == {"model": paper.retrieval.encoder}
+
+
+def test_tasks_build_then_reuse(tmp_path):
+    from flows.index import build_or_reuse, corpus_path
+
+    cfg = load_config("smoke")
+    corpus = corpus_path.fn(cfg, tmp_path)
+    first = build_or_reuse.fn(corpus, "bm25", tmp_path / "indexes", {})
+    again = build_or_reuse.fn(corpus, "bm25", tmp_path / "indexes", {})
+    assert not first["cached"] and again["cached"] and again["index"] == first["index"]
+    with pytest.raises(ValueError, match="retrieval.corpus"):
+        corpus_path.fn(load_config("paper"), tmp_path)
+
+
+@pytest.mark.slow
+def test_build_index_flow_builds_then_reuses(tmp_path):
+    from flows.index import build_index_flow
+
+    first = build_index_flow(profile="smoke", runs_root=str(tmp_path))
+    assert first["kind"] == "bm25" and first["documents"] > 0 and not first["cached"]
+    assert first["size_mb"] > 0 and first["build_seconds"] > 0
+    again = build_index_flow(profile="smoke", runs_root=str(tmp_path))
+    assert again["cached"] and again["index"] == first["index"]
+    hits = load_index(first["index"]).search(["Where was anyone born?"], 1)
+    assert len(hits) == 1
