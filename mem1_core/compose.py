@@ -129,8 +129,16 @@ def compose(
     meta = {
         b"generator": COMPOSER_VERSION.encode(),
         b"config": json.dumps(
-            {"n_objectives": n_objectives, "mode": mode, "seed": seed, "split": split,
-             "shuffle": shuffle, "max_tasks": max_tasks}, sort_keys=True).encode(),
+            {
+                "n_objectives": n_objectives,
+                "mode": mode,
+                "seed": seed,
+                "split": split,
+                "shuffle": shuffle,
+                "max_tasks": max_tasks,
+            },
+            sort_keys=True,
+        ).encode(),
     }
     return pa.table(cols, schema=TASKS_SCHEMA).replace_schema_metadata(meta), summary
 

@@ -102,6 +102,151 @@ class RetrievalConfig(_Section):
 
 
 @dataclass(frozen=True)
+class ModelConfig(_Section):
+    """The policy model and its tokenizer."""
+
+    name_or_path: str | None = None
+    """A hub name or local path (the `paper` profile); None builds the tiny model from config."""
+    tokenizer_vocab: int = 3000
+    """Vocabulary of the locally trained tiny tokenizer."""
+    hidden_size: int = 128
+    num_layers: int = 3
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 384
+    max_positions: int = 4096
+    dtype: str = "float32"
+    """`float32` on CPU; `bfloat16` on GPU."""
+    attn: str = "sdpa"
+    """Attention for the dense path: `sdpa` (boolean masks), `eager` (0/-inf float masks), or
+    `flex_attention` (GPU training path, BlockMask)."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise ValueError("hidden_size must divide by num_heads, num_heads by num_kv_heads")
+        if self.attn not in ("sdpa", "eager", "flex_attention"):
+            raise ValueError(f"model.attn={self.attn!r}: use sdpa, eager or flex_attention")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"model.dtype={self.dtype!r}: use float32, bfloat16 or float16")
+
+
+@dataclass(frozen=True)
+class RolloutConfig(_Section):
+    """Multi-turn rollout: memory policy, turn and token budgets, sampling."""
+
+    policy: str = "mem1"
+    """Memory policy: `mem1`, `full` or `truncate`."""
+    truncate_turns: int = 2
+    """`truncate`: how many of the last turns stay in context."""
+    turns_base: int = 2
+    turns_per_objective: int = 2
+    """The turn budget is turns_base + turns_per_objective * N (6 turns at N=2, as the paper)."""
+    gen_tokens_base: int = 48
+    gen_tokens_per_objective: int = 12
+    """Tokens one turn may generate: base + per_objective * N (the <IS> grows with N)."""
+    temperature: float = 1.0
+    """Sampling temperature for training rollouts (evaluation is greedy)."""
+    top_p: float = 1.0
+    batch_size: int = 64
+    """Trajectories generated together (the KV-cached batch)."""
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("mem1", "full", "truncate"):
+            raise ValueError(f"rollout.policy={self.policy!r}: use mem1, full or truncate")
+        if self.turns_base + self.turns_per_objective < 1:
+            raise ValueError("the turn budget must be >= 1 at N=1")
+        if not 0.0 < self.top_p <= 1.0 or self.temperature < 0.0:
+            raise ValueError("need 0 < top_p <= 1 and temperature >= 0")
+
+    def max_turns(self, n_objectives: int) -> int:
+        return self.turns_base + self.turns_per_objective * n_objectives
+
+    def max_new_tokens(self, n_objectives: int) -> int:
+        return self.gen_tokens_base + self.gen_tokens_per_objective * n_objectives
+
+
+@dataclass(frozen=True)
+class TeacherConfig(_Section):
+    """The scripted teacher that plays the paper's GPT-4o role on the task world."""
+
+    error_rate: float = 0.0
+    """Chance that the teacher answers an objective wrongly on purpose."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.error_rate <= 1.0:
+            raise ValueError("teacher.error_rate must be in [0, 1]")
+
+
+@dataclass(frozen=True)
+class SFTConfig(_Section):
+    """Supervised training on teacher trajectories (loss on generated tokens only)."""
+
+    warm_start_objectives: int = 1
+    """N of the teacher trajectories of the warm start (the tag format)."""
+    warm_start_minutes: float = 4.0
+    """Wall-clock budget of the warm start; `warm_start_steps` caps it too."""
+    warm_start_steps: int = 100000
+    minutes: float = 4.0
+    """Budget of the SFT arm of the ablation (on train_objectives-objective tasks)."""
+    steps: int = 100000
+    lr: float = 2e-3
+    warmup_steps: int = 50
+    batch_size: int = 16
+    """Trajectories per step (each a flattened tree)."""
+    n_teacher_tasks: int = 4000
+    """Teacher trajectories generated for SFT (cycled if training runs longer)."""
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+
+
+@dataclass(frozen=True)
+class PPOConfig(_Section):
+    """PPO / GRPO over masked trajectories (the paper's defaults where they apply)."""
+
+    iterations: int = 40
+    minutes: float = 6.0
+    """Wall-clock budget; whichever of iterations / minutes ends first."""
+    tasks_per_iteration: int = 32
+    samples_per_task: int = 1
+    """GRPO needs several samples per task (a group); PPO uses 1."""
+    actor_lr: float = 1e-4
+    critic_lr: float = 1e-4
+    kl_coef: float = 1e-3
+    kl_kind: str = "k1"
+    kl_in_loss: bool = False
+    """GRPO style: the KL is a loss term instead of a reward penalty."""
+    gamma: float = 1.0
+    lam: float = 1.0
+    clip_eps: float = 0.2
+    value_clip_eps: float = 0.2
+    entropy_coef: float = 0.0
+    ppo_epochs: int = 2
+    minibatch_size: int = 16
+    micro_batch_size: int = 8
+    grad_clip: float = 1.0
+    max_nonfinite_in_row: int = 3
+    """Stop with an error after this many skipped (non-finite) updates in a row."""
+    checkpoint_every: int = 1
+    eval_every: int = 0
+    """Greedy evaluation on held-out tasks every K iterations (0: only at the end)."""
+    num_rollout_workers: int = 1
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
+    learner_cpus: float = 1.0
+    learner_gpus: float = 0.0
+    ray_address: str | None = None
+    """Connect to a running Ray cluster; None starts a local one."""
+
+    def __post_init__(self) -> None:
+        if self.minibatch_size % self.micro_batch_size:
+            raise ValueError("ppo.minibatch_size must be a multiple of ppo.micro_batch_size")
+        if self.kl_kind not in ("k1", "k2", "k3"):
+            raise ValueError("ppo.kl_kind: use k1, k2 or k3")
+
+
+@dataclass(frozen=True)
 class Config(_Section):
     """One run's whole configuration."""
 
@@ -109,17 +254,66 @@ class Config(_Section):
     world: WorldConfig = field(default_factory=WorldConfig)
     data: DataConfig = field(default_factory=DataConfig)
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
 
 
 PROFILES: dict[str, dict[str, Any]] = {
-    "tiny": {},
+    # The embedded CPU default. Two passages per <info> keep the turns short, so the tiny
+    # model trains on more turns per minute; the paper's topk=3 is the `paper` profile's.
+    "tiny": {"retrieval": {"topk": 2}},
     "smoke": {
         "world": {"n_countries": 6, "n_cities": 24, "n_people": 160, "n_orgs": 32, "n_works": 64},
         "data": {"eval_objectives": (1, 2, 4), "max_eval_tasks": 8, "max_train_tasks": 64},
+        "model": {
+            "hidden_size": 64,
+            "num_layers": 2,
+            "intermediate_size": 128,
+            "tokenizer_vocab": 2400,
+        },
+        "rollout": {
+            "turns_base": 1,
+            "turns_per_objective": 2,
+            "gen_tokens_base": 32,
+            "gen_tokens_per_objective": 8,
+        },
+        "sft": {
+            "warm_start_minutes": 0.15,
+            "warm_start_steps": 20,
+            "minutes": 0.1,
+            "steps": 10,
+            "batch_size": 8,
+            "n_teacher_tasks": 64,
+        },
+        "ppo": {
+            "iterations": 2,
+            "minutes": 1.0,
+            "tasks_per_iteration": 8,
+            "minibatch_size": 8,
+            "micro_batch_size": 4,
+            "ppo_epochs": 1,
+        },
     },
     "paper": {
         "data": {"source": "hotpotqa+nq", "max_eval_tasks": 128},
         "retrieval": {"kind": "dense", "topk": 3},
+        "model": {"name_or_path": "Qwen/Qwen2.5-7B", "dtype": "bfloat16", "attn": "flex_attention"},
+        "rollout": {"gen_tokens_base": 512, "gen_tokens_per_objective": 64, "batch_size": 256},
+        "ppo": {
+            "actor_lr": 1e-6,
+            "critic_lr": 1e-5,
+            "kl_coef": 1e-3,
+            "iterations": 1000,
+            "minutes": 100000.0,
+            "tasks_per_iteration": 256,
+            "minibatch_size": 64,
+            "micro_batch_size": 4,
+            "gpus_per_worker": 1.0,
+            "learner_gpus": 1.0,
+        },
     },
 }
 

@@ -12,15 +12,23 @@ IS_OPEN, IS_CLOSE = "<IS>", "</IS>"
 QUERY_OPEN, QUERY_CLOSE = "<query>", "</query>"
 INFO_OPEN, INFO_CLOSE = "<info>", "</info>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
-TAGS = (IS_OPEN, IS_CLOSE, QUERY_OPEN, QUERY_CLOSE, INFO_OPEN, INFO_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)
+TAGS = (
+    IS_OPEN,
+    IS_CLOSE,
+    QUERY_OPEN,
+    QUERY_CLOSE,
+    INFO_OPEN,
+    INFO_CLOSE,
+    ANSWER_OPEN,
+    ANSWER_CLOSE,
+)
 ANSWER_SEPARATOR = ";"
 
 TASK_INSTRUCTIONS = (
-    "Answer the questions below by searching. Each turn, first write your internal state "
-    f"in {IS_OPEN} {IS_CLOSE}: it is your only memory, so keep in it every fact you still "
-    f"need. Then either search with {QUERY_OPEN} {QUERY_CLOSE} (results come back in "
-    f"{INFO_OPEN} {INFO_CLOSE}) or give the final answer as {ANSWER_OPEN} a1; a2 {ANSWER_CLOSE} "
-    "with one answer per question, separated by ; in question order."
+    f"Answer by searching. Each turn write {IS_OPEN} {IS_CLOSE}, your only memory: keep every "
+    f"fact you still need. Then search with {QUERY_OPEN} {QUERY_CLOSE} (results come in "
+    f"{INFO_OPEN} {INFO_CLOSE}) or answer {ANSWER_OPEN} a1; a2 {ANSWER_CLOSE}, one answer per "
+    "question in order."
 )
 
 

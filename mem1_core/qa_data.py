@@ -13,11 +13,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+if TYPE_CHECKING:
+    import datasets
 
 QUESTIONS_SCHEMA = pa.schema(
     [
@@ -69,8 +71,12 @@ def read_json_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def load_rows(source: str, *, config: str | None = None, split: str = "validation") -> datasets.Dataset:
+def load_rows(
+    source: str, *, config: str | None = None, split: str = "validation"
+) -> datasets.Dataset:
     """A local .json/.jsonl/.parquet file, or a hub dataset `name` (+ `config`, `split`)."""
+    import datasets  # heavy (~5 s): only where rows are loaded
+
     path = Path(source)
     if path.suffix in (".json", ".jsonl") or path.exists():
         if not path.exists():
@@ -156,10 +162,14 @@ def world_questions(table: pa.Table) -> Loaded:
 
     def conv(_row, i):
         return {
-            "id": d["id"][i], "source": "world", "question": d["question"][i],
+            "id": d["id"][i],
+            "source": "world",
+            "question": d["question"][i],
             "golden_answers": d["golden_answers"][i],
-            "supporting_titles": d["supporting_titles"][i], "hops": d["hops"][i],
-            "plan": d["plan"][i], "split": d["split"][i],
+            "supporting_titles": d["supporting_titles"][i],
+            "hops": d["hops"][i],
+            "plan": d["plan"][i],
+            "split": d["split"][i],
         }
 
     return _normalise(range(table.num_rows), "world", conv)
@@ -183,8 +193,11 @@ def hotpotqa_corpus(source: str, config: str = "distractor", split: str = "valid
     seen: dict[str, str] = {}
     for row in load_rows(source, config=config, split=split):
         ctx = row.get("context") or {}
-        pairs = zip(ctx.get("title", []), ctx.get("sentences", []), strict=False) if isinstance(
-            ctx, dict) else ctx
+        pairs = (
+            zip(ctx.get("title", []), ctx.get("sentences", []), strict=False)
+            if isinstance(ctx, dict)
+            else ctx
+        )
         for title, sentences in pairs:
             text = "".join(sentences).strip()
             if title and text and title not in seen:

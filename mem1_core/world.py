@@ -36,12 +36,40 @@ VOWELS = ["a", "e", "i", "o", "u"]
 CODAS = ["", "", "", "n", "r", "l", "s"]
 
 WORK_ADJECTIVES = [
-    "Silent", "Crimson", "Hidden", "Broken", "Golden", "Distant", "Winter", "Burning",
-    "Quiet", "Hollow", "Wandering", "Last", "Northern", "Endless", "Pale", "Secret",
+    "Silent",
+    "Crimson",
+    "Hidden",
+    "Broken",
+    "Golden",
+    "Distant",
+    "Winter",
+    "Burning",
+    "Quiet",
+    "Hollow",
+    "Wandering",
+    "Last",
+    "Northern",
+    "Endless",
+    "Pale",
+    "Secret",
 ]
 WORK_NOUNS = [
-    "River", "Garden", "Tower", "Harbor", "Mirror", "Voyage", "Orchard", "Lantern",
-    "Meadow", "Kingdom", "Letter", "Bridge", "Island", "Season", "Crown", "Forest",
+    "River",
+    "Garden",
+    "Tower",
+    "Harbor",
+    "Mirror",
+    "Voyage",
+    "Orchard",
+    "Lantern",
+    "Meadow",
+    "Kingdom",
+    "Letter",
+    "Bridge",
+    "Island",
+    "Season",
+    "Crown",
+    "Forest",
 ]
 WORK_KINDS = ["film", "novel", "opera", "painting"]
 WORK_VERB = {"film": "directed", "novel": "written", "opera": "composed", "painting": "painted"}
@@ -170,8 +198,13 @@ def _make_entities(cfg: WorldConfig, rng: random.Random) -> dict[Kind, list[Enti
         if title not in titles:
             titles.add(title)
             works.append(Entity(Kind.WORK, title))
-    return {Kind.COUNTRY: countries, Kind.CITY: cities, Kind.PERSON: people,
-            Kind.ORG: orgs, Kind.WORK: works}
+    return {
+        Kind.COUNTRY: countries,
+        Kind.CITY: cities,
+        Kind.PERSON: people,
+        Kind.ORG: orgs,
+        Kind.WORK: works,
+    }
 
 
 def _relate(ents: dict[Kind, list[Entity]], cfg: WorldConfig, rng: random.Random) -> None:
@@ -205,54 +238,85 @@ def _relate(ents: dict[Kind, list[Entity]], cfg: WorldConfig, rng: random.Random
 
 # ---- documents ----------------------------------------------------------------------------
 
+
 def _doc(e: Entity, rng: random.Random) -> str:
     a = e.attrs
     if e.kind is Kind.COUNTRY:
-        s = [rng.choice([
-            f"{e.name} is a country whose capital is {a['capital']}.",
-            f"The capital of {e.name} is {a['capital']}.",
-        ]), rng.choice([
-            f"{e.name} was founded in {a['founded']}.",
-            f"The state of {e.name} dates from {a['founded']}.",
-        ])]
+        s = [
+            rng.choice(
+                [
+                    f"{e.name} is a country whose capital is {a['capital']}.",
+                    f"The capital of {e.name} is {a['capital']}.",
+                ]
+            ),
+            rng.choice(
+                [
+                    f"{e.name} was founded in {a['founded']}.",
+                    f"The state of {e.name} dates from {a['founded']}.",
+                ]
+            ),
+        ]
         if e.aliases:
             s.append(f"It is officially known as the {e.aliases[0]}.")
     elif e.kind is Kind.CITY:
-        s = [rng.choice([
-            f"{e.name} is a city in {a['country']}.",
-            f"{e.name} is located in {a['country']}.",
-        ]), rng.choice([
-            f"It was founded in {a['founded']}.",
-            f"The city was established in {a['founded']}.",
-        ])]
+        s = [
+            rng.choice(
+                [
+                    f"{e.name} is a city in {a['country']}.",
+                    f"{e.name} is located in {a['country']}.",
+                ]
+            ),
+            rng.choice(
+                [
+                    f"It was founded in {a['founded']}.",
+                    f"The city was established in {a['founded']}.",
+                ]
+            ),
+        ]
     elif e.kind is Kind.PERSON:
-        s = [rng.choice([
-            f"{e.name} was a {a['profession']} born in {a['born_city']} in {a['born_year']}.",
-            f"{e.name} (born {a['born_year']}) was a {a['profession']} from {a['born_city']}.",
-            f"Born in {a['born_year']} in {a['born_city']}, {e.name} became a {a['profession']}.",
-        ])]
+        s = [
+            rng.choice(
+                [
+                    f"{e.name} was a {a['profession']} born in {a['born_city']} in {a['born_year']}.",
+                    f"{e.name} (born {a['born_year']}) was a {a['profession']} from {a['born_city']}.",
+                    f"Born in {a['born_year']} in {a['born_city']}, {e.name} became a {a['profession']}.",
+                ]
+            )
+        ]
         for org in a.get("founded_orgs", [])[:2]:
             s.append(f"{e.name.split()[-1]} founded the {org}.")
         for work in a.get("works", [])[:2]:
             s.append(f"{e.name.split()[-1]} is known for {work}.")
     elif e.kind is Kind.ORG:
-        s = [rng.choice([
-            f"The {e.name} was founded by {a['founder']} in {a['founded']}.",
-            f"{a['founder']} founded the {e.name} in {a['founded']}.",
-        ]), rng.choice([
-            f"It is based in {a['city']}.",
-            f"Its headquarters are in {a['city']}.",
-        ])]
+        s = [
+            rng.choice(
+                [
+                    f"The {e.name} was founded by {a['founder']} in {a['founded']}.",
+                    f"{a['founder']} founded the {e.name} in {a['founded']}.",
+                ]
+            ),
+            rng.choice(
+                [
+                    f"It is based in {a['city']}.",
+                    f"Its headquarters are in {a['city']}.",
+                ]
+            ),
+        ]
     else:
         verb = WORK_VERB[a["kind"]]
-        s = [rng.choice([
-            f"{e.name} is a {a['year']} {a['kind']} {verb} by {a['creator']}.",
-            f"{e.name} is a {a['kind']} {verb} by {a['creator']} in {a['year']}.",
-        ])]
+        s = [
+            rng.choice(
+                [
+                    f"{e.name} is a {a['year']} {a['kind']} {verb} by {a['creator']}.",
+                    f"{e.name} is a {a['kind']} {verb} by {a['creator']} in {a['year']}.",
+                ]
+            )
+        ]
     return " ".join(s)
 
 
 # ---- questions ----------------------------------------------------------------------------
+
 
 def _step(query: str, title: str, answer: str) -> dict:
     return {"query": query, "title": title, "answer": answer}
@@ -272,42 +336,112 @@ def _questions(ents: dict[Kind, list[Entity]], rng: random.Random) -> list[Quest
     for p in ents[Kind.PERSON]:
         a = p.attrs
         city = by_name[a["born_city"]]
-        add(f"In which city was {p.name} born?", answers(city.name), [p.name], 1, "single",
-            [p.name], [_step(p.name, p.name, city.name)])
-        add(f"In what year was {p.name} born?", [str(a["born_year"])], [p.name], 1, "single",
-            [p.name], [_step(p.name, p.name, str(a["born_year"]))])
+        add(
+            f"In which city was {p.name} born?",
+            answers(city.name),
+            [p.name],
+            1,
+            "single",
+            [p.name],
+            [_step(p.name, p.name, city.name)],
+        )
+        add(
+            f"In what year was {p.name} born?",
+            [str(a["born_year"])],
+            [p.name],
+            1,
+            "single",
+            [p.name],
+            [_step(p.name, p.name, str(a["born_year"]))],
+        )
         country = city.attrs["country"]
-        add(f"In which country was {p.name} born?", answers(country), [p.name, city.name], 2,
-            "bridge", [p.name],
-            [_step(p.name, p.name, city.name), _step(city.name, city.name, country)])
+        add(
+            f"In which country was {p.name} born?",
+            answers(country),
+            [p.name, city.name],
+            2,
+            "bridge",
+            [p.name],
+            [_step(p.name, p.name, city.name), _step(city.name, city.name, country)],
+        )
     for o in ents[Kind.ORG]:
         a = o.attrs
-        add(f"Who founded the {o.name}?", answers(a["founder"]), [o.name], 1, "single",
-            [o.name], [_step(o.name, o.name, a["founder"])])
-        add(f"In what year was the founder of the {o.name} born?",
-            [str(by_name[a["founder"]].attrs["born_year"])], [o.name, a["founder"]], 2,
-            "bridge", [o.name],
-            [_step(o.name, o.name, a["founder"]),
-             _step(a["founder"], a["founder"], str(by_name[a["founder"]].attrs["born_year"]))])
-        add(f"In which city is the {o.name} based?", answers(a["city"]), [o.name], 1,
-            "single", [o.name], [_step(o.name, o.name, a["city"])])
+        add(
+            f"Who founded the {o.name}?",
+            answers(a["founder"]),
+            [o.name],
+            1,
+            "single",
+            [o.name],
+            [_step(o.name, o.name, a["founder"])],
+        )
+        add(
+            f"In what year was the founder of the {o.name} born?",
+            [str(by_name[a["founder"]].attrs["born_year"])],
+            [o.name, a["founder"]],
+            2,
+            "bridge",
+            [o.name],
+            [
+                _step(o.name, o.name, a["founder"]),
+                _step(a["founder"], a["founder"], str(by_name[a["founder"]].attrs["born_year"])),
+            ],
+        )
+        add(
+            f"In which city is the {o.name} based?",
+            answers(a["city"]),
+            [o.name],
+            1,
+            "single",
+            [o.name],
+            [_step(o.name, o.name, a["city"])],
+        )
     for w in ents[Kind.WORK]:
         a = w.attrs
         verb = WORK_VERB[a["kind"]]
         creator = by_name[a["creator"]]
-        add(f"Who {verb} {w.name}?", answers(creator.name), [w.name], 1, "single", [w.name],
-            [_step(w.name, w.name, creator.name)])
-        add(f"In which city was the person who {verb} {w.name} born?",
-            answers(creator.attrs["born_city"]), [w.name, creator.name], 2, "bridge", [w.name],
-            [_step(w.name, w.name, creator.name),
-             _step(creator.name, creator.name, creator.attrs["born_city"])])
+        add(
+            f"Who {verb} {w.name}?",
+            answers(creator.name),
+            [w.name],
+            1,
+            "single",
+            [w.name],
+            [_step(w.name, w.name, creator.name)],
+        )
+        add(
+            f"In which city was the person who {verb} {w.name} born?",
+            answers(creator.attrs["born_city"]),
+            [w.name, creator.name],
+            2,
+            "bridge",
+            [w.name],
+            [
+                _step(w.name, w.name, creator.name),
+                _step(creator.name, creator.name, creator.attrs["born_city"]),
+            ],
+        )
     for c in ents[Kind.CITY]:
-        add(f"In which country is {c.name}?", answers(c.attrs["country"]), [c.name], 1,
-            "single", [c.name], [_step(c.name, c.name, c.attrs["country"])])
+        add(
+            f"In which country is {c.name}?",
+            answers(c.attrs["country"]),
+            [c.name],
+            1,
+            "single",
+            [c.name],
+            [_step(c.name, c.name, c.attrs["country"])],
+        )
     for k in ents[Kind.COUNTRY]:
         cap = k.attrs["capital"]
-        add(f"What is the capital of {k.name}?", answers(cap), [k.name], 1, "single", [k.name],
-            [_step(k.name, k.name, cap)])
+        add(
+            f"What is the capital of {k.name}?",
+            answers(cap),
+            [k.name],
+            1,
+            "single",
+            [k.name],
+            [_step(k.name, k.name, cap)],
+        )
     # comparisons: pairs of people of the same split, asked who was born first
     for split in ("train", "test"):
         people = [p for p in ents[Kind.PERSON] if p.split == split]
@@ -316,10 +450,18 @@ def _questions(ents: dict[Kind, list[Entity]], rng: random.Random) -> list[Quest
             if x.attrs["born_year"] == y.attrs["born_year"]:
                 continue
             first = x if x.attrs["born_year"] < y.attrs["born_year"] else y
-            add(f"Who was born first, {x.name} or {y.name}?", [first.name], [x.name, y.name], 2,
-                "comparison", [x.name, y.name],
-                [_step(x.name, x.name, str(x.attrs["born_year"])),
-                 _step(y.name, y.name, str(y.attrs["born_year"]))])
+            add(
+                f"Who was born first, {x.name} or {y.name}?",
+                [first.name],
+                [x.name, y.name],
+                2,
+                "comparison",
+                [x.name, y.name],
+                [
+                    _step(x.name, x.name, str(x.attrs["born_year"])),
+                    _step(y.name, y.name, str(y.attrs["born_year"])),
+                ],
+            )
     return qs
 
 
@@ -370,10 +512,11 @@ def generate_world(cfg: WorldConfig) -> World:
         },
         schema=QUESTION_SCHEMA,
     )
-    meta = {b"generator": GENERATOR_VERSION.encode(), b"config": json.dumps(
-        cfg.to_dict(), sort_keys=True).encode()}
-    return World(cfg, corpus.replace_schema_metadata(meta),
-                 questions.replace_schema_metadata(meta))
+    meta = {
+        b"generator": GENERATOR_VERSION.encode(),
+        b"config": json.dumps(cfg.to_dict(), sort_keys=True).encode(),
+    }
+    return World(cfg, corpus.replace_schema_metadata(meta), questions.replace_schema_metadata(meta))
 
 
 def mentioned_entities(question_table: pa.Table, world_titles: set[str]) -> list[set[str]]:
@@ -384,5 +527,7 @@ def mentioned_entities(question_table: pa.Table, world_titles: set[str]) -> list
 def write_world(world: World, out_dir: str | Path) -> tuple[Path, Path]:
     """Write `corpus.parquet` and `questions.parquet` atomically into `out_dir`."""
     out = Path(out_dir)
-    return (io.write_parquet(world.corpus, out / "corpus.parquet"),
-            io.write_parquet(world.questions, out / "questions.parquet"))
+    return (
+        io.write_parquet(world.corpus, out / "corpus.parquet"),
+        io.write_parquet(world.questions, out / "questions.parquet"),
+    )

@@ -42,3 +42,29 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def small_tokenizer(small_world):
+    from mem1_core.tokenizer import train_tiny_tokenizer
+
+    return train_tiny_tokenizer(small_world.corpus["contents"].to_pylist(), 2400)
+
+
+@pytest.fixture(scope="session")
+def small_index(small_world_dir, tmp_path_factory):
+    from mem1_core.retrieval import build_index, load_index
+
+    out = tmp_path_factory.mktemp("index") / "bm25"
+    build_index(small_world_dir / "corpus.parquet", "bm25", out, show_progress=False)
+    return load_index(out)
+
+
+@pytest.fixture(scope="session")
+def small_tasks(small_world):
+    from mem1_core.compose import compose
+    from mem1_core.qa_data import world_questions
+    from mem1_core.rollout import tasks_from_table
+
+    table, _ = compose(world_questions(small_world.questions).table, 2, split="test")
+    return tasks_from_table(table)

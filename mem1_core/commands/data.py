@@ -12,8 +12,14 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
     """--profile / --config / --set, shared by every stage that reads a Config."""
     p.add_argument("--profile", default="tiny", help="tiny (CPU default), smoke or paper")
     p.add_argument("--config", default=None, help="YAML file of overrides by section")
-    p.add_argument("--set", dest="overrides", action="append", default=[],
-                   metavar="SECTION.FIELD=VALUE", help="override one config field (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="override one config field (repeatable)",
+    )
 
 
 def config_from_args(args: argparse.Namespace):
@@ -63,9 +69,17 @@ def cmd_world(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     world = generate_world(wcfg)
     corpus, questions = write_world(world, args.out)
-    print(json.dumps({"corpus": str(corpus), "questions": str(questions),
-                      "documents": world.corpus.num_rows, "questions_n": world.questions.num_rows,
-                      "seconds": round(time.perf_counter() - t0, 3)}))
+    print(
+        json.dumps(
+            {
+                "corpus": str(corpus),
+                "questions": str(questions),
+                "documents": world.corpus.num_rows,
+                "questions_n": world.questions.num_rows,
+                "seconds": round(time.perf_counter() - t0, 3),
+            }
+        )
+    )
     return 0
 
 
@@ -82,11 +96,22 @@ def cmd_compose(args: argparse.Namespace) -> int:
         if args.format == "hotpotqa" and args.hub_config:
             kw["config"] = args.hub_config
         loaded = load_questions(args.format, args.input, **kw)
-    table, summary = compose(loaded.table, args.objectives, args.mode, args.seed, args.split,
-                             args.shuffle, args.max_tasks)
+    table, summary = compose(
+        loaded.table,
+        args.objectives,
+        args.mode,
+        args.seed,
+        args.split,
+        args.shuffle,
+        args.max_tasks,
+    )
     write_tasks(table, args.out)
-    report = {"out": args.out, **summary.to_dict(), "rows_read": loaded.total_rows,
-              "skipped": loaded.skipped}
+    report = {
+        "out": args.out,
+        **summary.to_dict(),
+        "rows_read": loaded.total_rows,
+        "skipped": loaded.skipped,
+    }
     print(json.dumps(report))
     if any(loaded.skipped.values()):
         print(f"note: skipped rows: {loaded.skipped}", file=sys.stderr)

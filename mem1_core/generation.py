@@ -1,0 +1,138 @@
+"""Generation backends: token-id contexts in, generated ids and their log-probs out.
+
+The interface (`GenerationBackend.generate`) is what the rollout calls; the CPU
+implementation here runs Hugging Face models with a KV cache over a left-padded batch and
+drops finished rows from the cache as they stop; the vLLM backend implements the same
+interface on GPUs.
+
+The recorded log-prob of a token is its log-prob under the distribution it was sampled
+from: log_softmax(logits / temperature) when sampling (top-p only truncates which tokens may
+be drawn), log_softmax(logits) when greedy. The learner scores the masked trajectory at the
+same temperature (verl does the same), so PPO's ratio compares like with like.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int
+    stop_ids: tuple[int, ...]
+    """Generation of a row ends after it emits one of these (the stop token is kept)."""
+    temperature: float = 1.0
+    """0 means greedy decoding."""
+    top_p: float = 1.0
+
+
+@dataclass
+class Generation:
+    ids: list[int]
+    logprobs: list[float]
+    finish: str  # "stop" or "length"
+
+
+class GenerationBackend(Protocol):
+    def generate(
+        self,
+        contexts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+    ) -> list[Generation]: ...
+
+
+def sample_next(
+    logits: Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+) -> Tensor:
+    """logits (B, V) -> next token ids (B,), greedy when temperature == 0."""
+    if temperature == 0.0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(-1, descending=True)
+        keep = sorted_p.cumsum(-1) - sorted_p < top_p  # always keeps the most likely token
+        sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+class HFBackend:
+    """Hugging Face causal LM with a KV cache; batches rows and prunes finished ones."""
+
+    def __init__(
+        self, model: torch.nn.Module, pad_id: int, eos_id: int | None = None, max_batch: int = 64
+    ):
+        self.model = model
+        self.pad_id = pad_id
+        self.eos_id = eos_id
+        self.max_batch = max_batch
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        self.model.load_state_dict(state)
+
+    @torch.no_grad()
+    def generate(self, contexts, params, generator=None) -> list[Generation]:
+        out: list[Generation] = []
+        for i in range(0, len(contexts), self.max_batch):
+            out += self._generate_batch(contexts[i : i + self.max_batch], params, generator)
+        return out
+
+    def _generate_batch(self, contexts, params, generator) -> list[Generation]:
+        if any(len(c) == 0 for c in contexts):
+            raise ValueError("every context needs at least one token")
+        device = next(self.model.parameters()).device
+        B, Lc = len(contexts), max(len(c) for c in contexts)
+        ids = torch.full((B, Lc), self.pad_id, dtype=torch.long, device=device)
+        attn = torch.zeros((B, Lc), dtype=torch.long, device=device)
+        for b, c in enumerate(contexts):
+            ids[b, Lc - len(c) :] = torch.tensor(c, dtype=torch.long)
+            attn[b, Lc - len(c) :] = 1
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        stops = set(params.stop_ids) | ({self.eos_id} if self.eos_id is not None else set())
+        cache = DynamicCache()
+        logits = self.model(
+            input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True
+        ).logits[:, -1]
+        next_pos = pos[:, -1] + 1
+        gen_ids: list[list[int]] = [[] for _ in range(B)]
+        gen_lp: list[list[float]] = [[] for _ in range(B)]
+        finish = ["length"] * B
+        rows = list(range(B))  # original row of each live batch position
+        for step in range(params.max_new_tokens):
+            scale = params.temperature if params.temperature > 0 else 1.0
+            logp = torch.log_softmax(logits.float() / scale, dim=-1)
+            nxt = sample_next(logits, params.temperature, params.top_p, generator)
+            chosen = logp.gather(-1, nxt[:, None]).squeeze(-1)
+            keep = []
+            for j, r in enumerate(rows):
+                tok = int(nxt[j])
+                gen_ids[r].append(tok)
+                gen_lp[r].append(float(chosen[j]))
+                if tok in stops:
+                    finish[r] = "stop"
+                else:
+                    keep.append(j)
+            if not keep or step == params.max_new_tokens - 1:
+                break
+            if len(keep) < len(rows):
+                idx = torch.tensor(keep, device=device)
+                cache.batch_select_indices(idx)
+                attn, nxt, next_pos = attn[idx], nxt[idx], next_pos[idx]
+                rows = [rows[j] for j in keep]
+            attn = torch.cat([attn, attn.new_ones((len(rows), 1))], dim=1)
+            logits = self.model(
+                input_ids=nxt[:, None],
+                attention_mask=attn,
+                position_ids=next_pos[:, None],
+                cache=cache,
+                use_cache=True,
+            ).logits[:, -1]
+            next_pos = next_pos + 1
+        return [Generation(gen_ids[b], gen_lp[b], finish[b]) for b in range(B)]

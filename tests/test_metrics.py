@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+from mem1_core.metrics import (
+    dependency,
+    exact_match,
+    f1_score,
+    normalize_answer,
+    peak_tokens,
+    score_answer,
+)
+
+
+def test_squad_normalisation():
+    assert normalize_answer("The  Silent, River!") == "silent river"
+    assert exact_match("the Kalo Vesh.", ["Kalo Vesh"]) == 1.0
+    assert exact_match("Kalo", ["Kalo Vesh", "Vesh"]) == 0.0
+    assert exact_match("republic of tosperbol", ["Tosperbol", "Republic of Tosperbol"]) == 1.0
+
+
+def test_f1_is_token_overlap():
+    assert f1_score("Kalo Vesh Mir", ["Kalo Vesh"]) == 0.8  # p=2/3, r=1
+    assert f1_score("nothing", ["Kalo"]) == 0.0
+
+
+def test_answers_split_on_semicolons_in_order_missing_score_zero():
+    gold = [["a"], ["b"], ["c"]]
+    assert score_answer("a; b", gold)[0] == [1.0, 1.0, 0.0]
+    assert score_answer("b; a; c", gold)[0] == [0.0, 0.0, 1.0]
+    assert score_answer(None, gold)[0] == [0.0, 0.0, 0.0]
+
+
+def test_peak_tokens_and_dependency_follow_their_definitions():
+    turns = [(10, 3), (20, 2)]
+    assert peak_tokens(turns) == 22
+    # brute force: each generated token attends to its context and the tokens before it
+    assert dependency(turns) == sum(c + j for c, g in turns for j in range(g))

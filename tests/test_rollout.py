@@ -1,0 +1,184 @@
+"""The rollout: a real tiny model, a real BM25 index over the world, three memory policies.
+
+Checks against definitions: recorded log-probs equal a re-run of each turn's real context;
+the flattened tree gives the same log-probs in one pass; contexts are rebuilt from ids."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from mem1_core.config import ModelConfig, RolloutConfig
+from mem1_core.env import QAEnvironment
+from mem1_core.generation import HFBackend
+from mem1_core.logprobs import per_turn_logprobs, token_logprobs
+from mem1_core.model import build_tiny_model
+from mem1_core.rollout import rollout
+from mem1_core.trajectory import (
+    Action,
+    SegmentKind,
+    read_trajectories,
+    turn_paths,
+    write_trajectories,
+)
+from mem1_core.tree import collate, flatten
+
+CFG = RolloutConfig(turns_base=1, turns_per_objective=1, gen_tokens_base=12,
+                    gen_tokens_per_objective=2)
+REPLAY = dataclasses.replace(CFG, gen_tokens_base=64)
+
+
+@pytest.fixture(scope="module")
+def model(small_tokenizer):
+    torch.manual_seed(0)
+    return build_tiny_model(ModelConfig(hidden_size=32, num_layers=2, num_heads=4,
+                                        num_kv_heads=2, intermediate_size=64), small_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def env(small_tokenizer, small_index):
+    return QAEnvironment(small_tokenizer, small_index, topk=2)
+
+
+@pytest.fixture(scope="module")
+def rollouts(model, env, small_tasks, small_tokenizer):
+    backend = HFBackend(model, small_tokenizer.pad_token_id, small_tokenizer.eos_token_id)
+    out = {}
+    for policy in ("mem1", "full", "truncate"):
+        cfg = dataclasses.replace(CFG, policy=policy, truncate_turns=1)
+        out[policy] = rollout(small_tasks[:5], backend, env, cfg, samples_per_task=1,
+                              generator=torch.Generator().manual_seed(0))
+    return out
+
+
+@pytest.mark.parametrize("policy", ["mem1", "full", "truncate"])
+def test_untrained_rollout_runs_to_the_end_and_round_trips(rollouts, policy, tmp_path):
+    trajs = rollouts[policy]
+    assert len(trajs) == 5 and all(t.done for t in trajs)
+    for t in trajs:
+        assert len(t.turns) == CFG.max_turns(2)  # garbage never answers: the budget ends it
+        assert t.reward == 0.0 and len(t.em) == 2
+        assert all(turn.format_error for turn in t.turns)
+    write_trajectories(trajs, tmp_path / "t.parquet")
+    assert read_trajectories(tmp_path / "t.parquet") == trajs
+
+
+@pytest.mark.parametrize("policy", ["mem1", "full", "truncate"])
+def test_recorded_logprobs_equal_a_rerun_of_each_turns_context(rollouts, model, policy):
+    for traj in rollouts[policy]:
+        ref = per_turn_logprobs(model, turn_paths(traj))
+        for turn, r in zip(traj.turns, ref, strict=True):
+            torch.testing.assert_close(torch.tensor(turn.gen_logprobs), r, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("policy", ["mem1", "full", "truncate"])
+def test_flattened_tree_matches_the_definition_on_real_rollouts(rollouts, model, policy,
+                                                                small_tokenizer):
+    trajs = rollouts[policy]
+    batch = collate([flatten(turn_paths(t)) for t in trajs], small_tokenizer.pad_token_id)
+    with torch.no_grad():
+        logp = token_logprobs(model, batch, "sdpa")
+    for b, traj in enumerate(trajs):
+        ref = per_turn_logprobs(model, turn_paths(traj))
+        for t, r in enumerate(ref):
+            sel = (batch.gen_turn[b] == t) & batch.loss_mask[b]
+            order = batch.gen_offset[b][sel].argsort()
+            got = logp[b][sel][order]
+            assert (got - r).abs().max().item() <= 1e-5
+
+
+def test_contexts_are_rebuilt_from_ids_per_policy(rollouts):
+    m, f, tr = rollouts["mem1"][0], rollouts["full"][0], rollouts["truncate"][0]
+    assert [r.kind for r in m.turns[2].context] == [SegmentKind.PROMPT, SegmentKind.GEN,
+                                                    SegmentKind.INFO]
+    assert m.turns[2].context[1].turn == 1
+    assert len(f.turns[2].context) == 1 + 2 * 2
+    assert [r.turn for r in tr.turns[2].context] == [-1, 1, 1]
+    for traj in (m, f, tr):
+        for t, turn in enumerate(traj.turns):
+            assert turn.context_tokens == len(traj.context_ids(t))
+    # full context grows with every turn; mem1 keeps prompt + one turn + one info block
+    assert f.turns[2].context_tokens > m.turns[2].context_tokens
+
+
+def test_mem1_context_stays_bounded_as_turns_grow(model, env, small_tasks, small_tokenizer):
+    backend = HFBackend(model, small_tokenizer.pad_token_id, small_tokenizer.eos_token_id)
+    cfg = dataclasses.replace(CFG, turns_base=8, turns_per_objective=0)
+    traj = rollout(small_tasks[:1], backend, env, cfg, greedy=True)[0]
+    assert len(traj.turns) == 8
+    prompt = len(traj.prompt_ids)
+    bound = prompt + cfg.max_new_tokens(2) + max(len(t.info_ids) for t in traj.turns)
+    assert all(t.context_tokens <= bound for t in traj.turns)
+    full = rollout(small_tasks[:1], backend, env, dataclasses.replace(cfg, policy="full"),
+                   greedy=True)[0]
+    assert full.turns[-1].context_tokens > 2 * traj.turns[-1].context_tokens
+
+
+# ---- the environment's rules for untrusted output --------------------------------------
+
+class ReplayBackend:
+    """Plays fixed turns (texts tokenized here) in place of a model, to drive the
+    environment through each rule; log-probs are zeros."""
+
+    def __init__(self, tok, turns: list[str]):
+        self.turns = [tok.encode(t, add_special_tokens=False) for t in turns]
+        self.i = 0
+
+    def generate(self, contexts, params, generator=None):
+        from mem1_core.generation import Generation
+
+        out = []
+        for _ in contexts:
+            ids = self.turns[min(self.i, len(self.turns) - 1)][: params.max_new_tokens]
+            finish = "stop" if ids and ids[-1] in params.stop_ids else "length"
+            out.append(Generation(list(ids), [0.0] * len(ids), finish))
+        self.i += 1
+        return out
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("just words", "needs exactly one <IS>"),
+        ("<IS> a </IS> words", "no action"),
+        ("<IS> a </IS><query> x <answer> y </answer>", "both a query and an answer"),
+        ("<IS> a </IS><query>  </query>", "empty query"),
+        ("<IS> a <IS> b </IS><query> x </query>", "needs exactly one <IS>"),
+        ("<query> x </query><IS> a </IS>", "tags out of order"),
+        ("<IS> a </IS><query> x </query> more", "tags out of order"),
+    ],
+)
+def test_each_malformed_turn_has_one_rule(env, small_tokenizer, text, error):
+    ids = small_tokenizer.encode(text, add_special_tokens=False)
+    parsed = env.parse(ids, "stop")
+    assert parsed.action is Action.INVALID and error in parsed.error
+
+
+def test_runaway_turn_is_invalid(env, small_tokenizer):
+    ids = small_tokenizer.encode("<IS> a </IS><query> x", add_special_tokens=False)
+    assert env.parse(ids, "length").error == "token budget exhausted"
+
+
+def test_query_then_answer_is_scored_per_objective(env, small_tasks, small_tokenizer):
+    task = small_tasks[0]
+    gold = [g[0] for g in task.golden_answers]
+    script = [f"<IS> start </IS><query>{task.questions[0]}</query>",
+              f"<IS> found </IS><answer>{gold[0]}; wrong</answer>"]
+    traj = rollout([task], ReplayBackend(small_tokenizer, script), env, REPLAY)[0]
+    assert [t.action for t in traj.turns] == [Action.QUERY, Action.ANSWER]
+    assert traj.em == [1.0, 0.0] and traj.reward == 0.5 and traj.em_sum == 1.0
+    info = traj.turns[0].info_text
+    assert info.startswith("<info>Doc 1 (Title: ") and "[HINT] You have 2 turns left." in info
+    assert traj.turns[0].query == task.questions[0]
+
+
+def test_invalid_turn_gets_a_format_info_and_the_last_turn_must_answer(env, small_tasks,
+                                                                      small_tokenizer):
+    script = ["garbage", "<IS> s </IS><query> q </query>", "<IS> s </IS><query> q </query>"]
+    traj = rollout(small_tasks[:1], ReplayBackend(small_tokenizer, script), env, REPLAY)[0]
+    assert traj.turns[0].action is Action.INVALID and "[FORMAT]" in traj.turns[0].info_text
+    assert "[HINT] This is your last turn: answer now." in traj.turns[1].info_text
+    assert len(traj.turns) == 3 and traj.turns[2].info_ids == []
+    assert traj.done and traj.reward == 0.0 and traj.format_errors == 1

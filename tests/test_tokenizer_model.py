@@ -1,0 +1,60 @@
+"""The tiny tokenizer and model: tags as single tokens, cheap copying, safetensors only."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from mem1_core.config import ModelConfig, WorldConfig
+from mem1_core.model import build_tiny_model, load_model, save_model
+from mem1_core.prompts import TAGS
+from mem1_core.tokenizer import YEARS, load_tokenizer, tag_ids
+from mem1_core.world import generate_world
+
+
+def test_tags_are_single_special_tokens(small_tokenizer):
+    ids = tag_ids(small_tokenizer)
+    assert len(set(ids.values())) == len(TAGS)
+    text = "<IS> a </IS><query>b</query>"
+    enc = small_tokenizer.encode(text, add_special_tokens=False)
+    assert enc[0] == ids["<IS>"] and enc[-1] == ids["</query>"]
+
+
+def test_every_year_is_one_token(small_tokenizer):
+    for y in YEARS:
+        assert len(small_tokenizer.encode(f" {y}", add_special_tokens=False)) == 1, y
+
+
+def test_unseen_names_are_a_few_syllable_tokens(small_tokenizer, small_world_config):
+    # names of another world: never seen when the tokenizer was trained
+    other = generate_world(dataclasses.replace(small_world_config, seed=123))
+    names = [t for t in other.corpus["title"].to_pylist() if " " in t][:200]
+    lengths = [len(small_tokenizer.encode(" " + n, add_special_tokens=False)) for n in names]
+    assert sum(lengths) / len(lengths) <= 5.0
+    unk = small_tokenizer.unk_token_id
+    assert all(unk not in small_tokenizer.encode(" " + n) for n in names)
+    # copying: a name's ids inside a sentence are the ids of the name alone
+    n = names[0]
+    alone = small_tokenizer.encode(" " + n, add_special_tokens=False)
+    inside = small_tokenizer.encode(f"Born in 1900 in {n}.", add_special_tokens=False)
+    assert any(inside[i : i + len(alone)] == alone for i in range(len(inside)))
+
+
+def test_save_and_load_round_trip_in_safetensors(small_tokenizer, tmp_path):
+    cfg = ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                      intermediate_size=64)
+    model = build_tiny_model(cfg, small_tokenizer)
+    save_model(model, small_tokenizer, tmp_path / "m")
+    files = {p.name for p in (tmp_path / "m").iterdir()}
+    assert "model.safetensors" in files and not any(f.endswith(".bin") for f in files)
+    tok2 = load_tokenizer(tmp_path / "m")
+    model2 = load_model(tmp_path / "m", cfg, tok2)
+    ids = torch.tensor([small_tokenizer.encode("Question 1: who?")])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, model2(ids).logits)
+    assert tag_ids(tok2) == tag_ids(small_tokenizer)
+
+
+def test_world_config_default_is_the_tiny_profile():
+    assert WorldConfig().n_people >= 1000
