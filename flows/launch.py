@@ -1,31 +1,437 @@
-"""`./dev train-eval`: run the main job against the local Prefect server.
+"""`./dev train-eval`: run the main job through Prefect, the way a cluster user would.
 
-The full `mem1/train-eval` deployment (train → evaluate) is not built yet; until it is,
-this runs the stages that exist, as real flow runs on the server, and says so.
+Against the server at PREFECT_API_URL (`./dev` starts one if none answers): create the
+process work pool if missing, deploy everything in deployments/prefect.yaml, start a worker
+as a child in its own session, run `mem1/train-eval`, follow its state and logs until it
+ends, then print the headline table, the run directory and the UI address. On exit,
+Ctrl-C or SIGTERM the flow run is cancelled if still going, and the worker and every
+process under it (flow runs start in sessions of their own) are stopped, so nothing is
+left behind.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shlex
+import signal
+import subprocess
 import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+PREFECT_FILE = ROOT / "deployments" / "prefect.yaml"
+POOL = "mem1-process"
+DEPLOYMENT = "mem1/train-eval"
+POLL_SECONDS = 1.0
+CANCEL_GRACE_SECONDS = 8.0
+STOP_GRACE_SECONDS = 10.0
+
+
+def say(msg: str) -> None:
+    print(f"[mem1] {msg}", file=sys.stderr, flush=True)
+
+
+def prefect_exe() -> str:
+    """The `prefect` CLI of this interpreter's environment (the venv), else the PATH's."""
+    beside = Path(sys.executable).with_name("prefect")
+    return str(beside) if beside.exists() else "prefect"
+
+
+def ui_url(api: str) -> str:
+    return os.environ.get("PREFECT_UI_URL") or api.rstrip("/").removesuffix("/api")
+
+
+def server_answers(api: str, timeout: float = 2.0) -> bool:
+    try:
+        return httpx.get(f"{api.rstrip('/')}/health", timeout=timeout).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+# ---- pool, deployments, worker ------------------------------------------------------------
+
+
+def ensure_pool(name: str = POOL) -> bool:
+    """Create the process work pool `name` unless it exists; True if created."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectNotFound
+    from prefect.workers.process import ProcessWorker
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_work_pool(name)
+            return False
+        except ObjectNotFound:
+            client.create_work_pool(
+                WorkPoolCreate(
+                    name=name,
+                    type="process",
+                    base_job_template=ProcessWorker.get_default_base_job_template(),
+                )
+            )
+            return True
+
+
+def deploy(prefect_file: Path = PREFECT_FILE, root: Path = ROOT) -> None:
+    """`prefect deploy --all` from `prefect_file`, run from the repository root."""
+    env = {**os.environ, "MEM1_ROOT": str(root)}
+    cmd = [prefect_exe(), "deploy", "--all", "--prefect-file", str(prefect_file), "--no-prompt"]
+    done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"`{' '.join(cmd)}` failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+        )
+
+
+def start_worker(log_path: Path, pool: str = POOL, root: Path = ROOT) -> subprocess.Popen:
+    """A process worker for `pool`, in its own session (so a terminal's Ctrl-C reaches this
+    launcher, which stops it in order), its output in `log_path`."""
+    env = {**os.environ, "MEM1_ROOT": str(root)}
+    # The default 10 s poll would add up to 10 s before the run starts.
+    env.setdefault("PREFECT_WORKER_QUERY_SECONDS", "2")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            [
+                prefect_exe(),
+                "worker",
+                "start",
+                "--pool",
+                pool,
+                "--type",
+                "process",
+                "--name",
+                f"mem1-launch-{os.getpid()}",
+            ],
+            cwd=root,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process under `pid` (children, grandchildren, …), from `ps`."""
+    out = subprocess.run(["ps", "-A", "-o", "pid=,ppid="], capture_output=True, text=True).stdout
+    children: dict[int, list[int]] = {}
+    for line in out.splitlines():
+        child, parent = (int(x) for x in line.split())
+        children.setdefault(parent, []).append(child)
+    found, stack = [], [pid]
+    while stack:
+        for c in children.get(stack.pop(), []):
+            found.append(c)
+            stack.append(c)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie has exited; it only waits for its parent to reap it.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _signal_groups(pids: list[int], sig: int) -> None:
+    """Send `sig` once to each process group among `pids` (a group twice would make the
+    worker CLI escalate to SIGKILL); a pid in our own group gets it alone."""
+    own, groups = os.getpgrp(), set()
+    for pid in pids:
+        try:
+            group = os.getpgid(pid)
+        except ProcessLookupError:
+            continue
+        if group == own:
+            _kill(pid, sig)
+        elif group not in groups:
+            groups.add(group)
+            try:
+                os.killpg(group, sig)
+            except ProcessLookupError:
+                pass
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def stop_process_tree(proc: subprocess.Popen, grace: float = STOP_GRACE_SECONDS) -> None:
+    """SIGTERM `proc` and every process under it — each in its process group, since a
+    worker starts each flow run in a new session — then SIGKILL what is left after `grace`.
+
+    The tree is read before any signal: once the worker dies its orphans are re-parented
+    and could no longer be found from it."""
+    pids = [proc.pid, *descendants(proc.pid)] if proc.poll() is None else []
+    _signal_groups(pids, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(_alive(p) for p in pids if p != proc.pid):
+        proc.poll()
+        time.sleep(0.1)
+    try:
+        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pass
+    _signal_groups([p for p in pids if _alive(p)], signal.SIGKILL)
+    proc.wait()
+
+
+# ---- the flow run -------------------------------------------------------------------------
+
+
+def _subflow_ids(client: Any, root: UUID) -> list[UUID]:
+    """`root` and all its subflow runs (stages are subflows, so their logs are theirs)."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    ids, frontier = [root], [root]
+    while frontier:
+        runs = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=frontier)
+            )
+        )
+        frontier = [r.id for r in runs if r.id not in ids]
+        ids += frontier
+    return ids
+
+
+def follow(flow_run_id: UUID, timeout: float | None) -> Any:
+    """Print state changes and new log lines of the run and its subflows until it is final
+    (returns the flow run) or `timeout` seconds pass (raises TimeoutError)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterTimestamp
+    from prefect.client.schemas.sorting import LogSort
+
+    seen: set[UUID] = set()
+    since = datetime.now(UTC)
+    last_state = None
+    deadline = None if not timeout else time.monotonic() + timeout
+    with get_client(sync_client=True) as client:
+        while True:
+            run = client.read_flow_run(flow_run_id)
+            logs = client.read_logs(
+                LogFilter(
+                    flow_run_id=LogFilterFlowRunId(any_=_subflow_ids(client, flow_run_id)),
+                    timestamp=LogFilterTimestamp(after_=since),
+                ),
+                sort=LogSort.TIMESTAMP_ASC,
+                limit=200,
+            )
+            for log in logs:
+                if log.id not in seen:
+                    seen.add(log.id)
+                    since = max(since, log.timestamp)
+                    if log.message.startswith("Finished in state Completed"):
+                        continue  # one per task run: noise on a terminal
+                    say(f"{log.timestamp:%H:%M:%S} {log.name.split('.')[-1]}: {log.message}")
+            state = run.state.name if run.state else None
+            if state != last_state:
+                say(f"flow run {run.name}: {state}")
+                last_state = state
+            if run.state is not None and run.state.is_final():
+                return run
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"flow run {run.name} not finished after {timeout:.0f} s")
+            time.sleep(POLL_SECONDS)
+
+
+def cancel(
+    flow_run_id: UUID, worker: subprocess.Popen | None, wait: float = CANCEL_GRACE_SECONDS
+) -> bool:
+    """Ask the worker to cancel the run (or cancel it at once if no process runs it yet);
+    True if it reached a final state within `wait` seconds. Stops waiting early once the
+    worker runs no process any more: then nobody is left to report a final state."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled, Cancelling
+
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(flow_run_id)
+        if run.state is None or run.state.is_final():
+            return True
+        started = run.state.is_running() or run.state.is_pending()
+        client.set_flow_run_state(flow_run_id, Cancelling() if started else Cancelled(), force=True)
+        deadline = time.monotonic() + wait
+        idle_since: float | None = None
+        while time.monotonic() < deadline:
+            state = client.read_flow_run(flow_run_id).state
+            if state is not None and state.is_final():
+                return True
+            if worker is not None and worker.poll() is None and not descendants(worker.pid):
+                idle_since = idle_since or time.monotonic()
+                if time.monotonic() - idle_since > 1.0:
+                    return False
+            time.sleep(0.25)
+    return False
+
+
+def force_cancelled(flow_run_id: UUID) -> None:
+    """Mark a run whose processes were stopped as Cancelled, so the UI shows no ghost run."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled
+
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(flow_run_id).state
+        if state is None or not state.is_final():
+            msg = "stopped by the launcher"
+            client.set_flow_run_state(flow_run_id, Cancelled(message=msg), force=True)
+
+
+def headline_table(summary: dict[str, Any]) -> str:
+    """The run's summary.json as a plain-text table for the terminal."""
+    rows = [(r["stage"], r["metric"], str(r["value"])) for r in summary["headline_rows"]]
+    head = ("stage", "metric", "value")
+    widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=False)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    lines = [f"mem1 run {summary['run_name']} ({summary['profile']}): {summary['status']}", ""]
+    lines += [fmt.format(*head), fmt.format(*("-" * w for w in widths))]
+    lines += [fmt.format(*r) for r in rows]
+    if summary.get("not_built"):
+        lines += ["", "not built yet (no results): " + ", ".join(summary["not_built"])]
+    if summary.get("failed_stage"):
+        lines += ["", f"failed in stage {summary['failed_stage']}"]
+    return "\n".join(lines)
+
+
+# ---- main ---------------------------------------------------------------------------------
+
+
+def _shell_param(key: str, value: Any) -> str:
+    return shlex.quote(f"{key}={value if isinstance(value, str) else json.dumps(value)}")
+
+
+def _interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="./dev train-eval",
+        description=__doc__.splitlines()[0],
+        epilog="./dev train-eval also takes --keep-server: leave the Prefect server running.",
+    )
+    p.add_argument("--profile", default="tiny", help="config profile (tiny, smoke, paper)")
+    p.add_argument("--config", dest="config_path", help="YAML config file on top of the profile")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="config override (repeatable)",
+    )
+    p.add_argument("--runs-root", default=str(ROOT / "runs"), help="where run directories go")
+    p.add_argument("--run-name", help="run directory name (default: a timestamp)")
+    p.add_argument("--timeout", type=float, default=0, help="give up after this many seconds")
+    p.add_argument("--no-deploy", action="store_true", help="reuse the deployments on the server")
+    return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="./dev train-eval")
-    p.add_argument("--profile", default="tiny")
-    p.add_argument("--runs-root", default="runs")
-    args = p.parse_args(argv)
-    from flows.data import compose_tasks
-
-    print("note: the training and evaluation stages are not built yet; running the stages that "
-          "exist: compose-tasks", file=sys.stderr)
-    result = compose_tasks(profile=args.profile, runs_root=args.runs_root)
-    print(f"tasks written under {result['dir']}")
+    args = parse_args(argv)
     api = os.environ.get("PREFECT_API_URL", "")
-    if api:
-        print(f"Prefect UI: {api.removesuffix('/api')}")
-    return 0
+    if not api or not server_answers(api):
+        say(
+            f"no Prefect server answers at PREFECT_API_URL={api!r}; run `./dev train-eval`, "
+            "which starts one"
+        )
+        return 2
+    from prefect.deployments import run_deployment
+
+    from flows.pipeline import default_run_name
+
+    run_name = args.run_name or default_run_name()
+    run_dir = Path(args.runs_root).expanduser().resolve() / run_name
+    params = {
+        "profile": args.profile,
+        "config_path": args.config_path,
+        "overrides": args.overrides,
+        "runs_root": str(run_dir.parent),
+        "run_name": run_name,
+    }
+    # Explicit handlers: a launcher started in the background inherits SIGINT ignored, and a
+    # closed terminal (SIGHUP) or `kill` (SIGTERM) must clean up like Ctrl-C.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
+    worker: subprocess.Popen | None = None
+    flow_run_id: UUID | None = None
+    finished = False
+    rc = 1
+    try:
+        if ensure_pool():
+            say(f"created work pool {POOL} (process)")
+        # The worker boots (~10 s) while the deployments are created.
+        worker = start_worker(run_dir / "logs" / "worker.log")
+        say(f"worker started (pid {worker.pid}, log {run_dir / 'logs' / 'worker.log'})")
+        if not args.no_deploy:
+            t0 = time.perf_counter()
+            deploy()
+            say(f"deployed {PREFECT_FILE.relative_to(ROOT)} in {time.perf_counter() - t0:.0f} s")
+        run = run_deployment(
+            DEPLOYMENT, parameters=params, flow_run_name=run_name, timeout=0, as_subflow=False
+        )
+        flow_run_id = run.id
+        say(f"flow run {run.name}: {ui_url(api)}/runs/flow-run/{run.id}")
+        say(
+            "(the same as: prefect deployment run mem1/train-eval "
+            + " ".join(f"--param {_shell_param(k, v)}" for k, v in params.items() if v)
+            + ")"
+        )
+        final = follow(run.id, args.timeout or None)
+        finished = True
+        summary_path = run_dir / "summary.json"
+        if summary_path.exists():
+            print(headline_table(json.loads(summary_path.read_text())))
+        rc = 0 if final.state.is_completed() else 1
+        if rc:
+            say(f"flow run ended {final.state.name}: {final.state.message or ''}")
+    except KeyboardInterrupt:
+        say("interrupted: stopping the flow run and the worker")
+        rc = 130
+    except TimeoutError as e:
+        say(f"{e}: stopping it")
+        rc = 124
+    except RuntimeError as e:
+        say(str(e))
+        rc = 1
+    finally:
+        # A second Ctrl-C must not cut the clean-up short and leave processes behind.
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        if flow_run_id is not None and not finished:
+            cancel(flow_run_id, worker)
+        if worker is not None:
+            stop_process_tree(worker)
+            say("worker stopped")
+        if flow_run_id is not None and not finished:
+            force_cancelled(flow_run_id)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+    print(f"run directory: {run_dir}")
+    print(
+        f"Prefect UI:    {ui_url(api)}"
+        + (f"  (this run: {ui_url(api)}/runs/flow-run/{flow_run_id})" if flow_run_id else "")
+    )
+    return rc
 
 
 if __name__ == "__main__":

@@ -1,0 +1,422 @@
+"""Flow `mem1`: the whole pipeline as one parent flow; flow `mem1-nightly-eval`.
+
+`mem1` runs the stages of `PIPELINE` in order — compose tasks → build the index → warm
+start → train (PPO and the baselines) → objective-scaling evaluation → ablation summary —
+each a subflow from its own module, all writing under one run directory
+`runs_root/<run_name>`. A stage is built when it has an adapter in `STAGES` (one line); a
+stage that is not built yet is reported as such. The summary artifact, `summary.json` /
+`summary.md` in the run directory and the returned headline are built only from the stages
+that actually ran, so a partial pipeline never reads as a finished one.
+
+`mem1-nightly-eval` finds the newest checkpoint under a runs root (`latest_checkpoint`) and
+reports which one it evaluates; until the evaluation stage exists it says so and publishes
+no numbers.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.context import FlowRunContext
+
+from flows.common import build_config, publish_markdown, publish_table
+from mem1_core.config import config_json
+from mem1_core.io import write_json, write_text
+
+Scalar = int | float | str | bool | None
+
+# Artifact keys (the Prefect UI groups an artifact's versions by key across runs).
+RUN_DIR_KEY = "mem1-run-dir"
+SUMMARY_KEY = "mem1-summary"
+HEADLINE_KEY = "mem1-headline"
+NIGHTLY_KEY = "mem1-nightly-eval"
+
+CHECKPOINTS = "checkpoints"
+"""A run's checkpoints live in `<run_dir>/checkpoints/<name>` (a file or a directory)."""
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """What one stage hands to the rest of the pipeline and to the summary."""
+
+    outputs: dict[str, Any]
+    """The stage subflow's return value (paths under the run directory), JSON-able."""
+    headline: dict[str, Scalar]
+    """The few numbers of this stage that belong in the run's headline table."""
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """The parameters every stage sees, and the results of the stages before it."""
+
+    profile: str
+    config_path: str | None
+    overrides: list[str]
+    run_dir: Path
+    results: Mapping[str, StageResult] = field(default_factory=dict)
+
+
+Stage = Callable[[RunContext], StageResult]
+
+
+# ---- stage adapters: call the stage's subflow, pick its headline numbers --------------------
+# Each imports its subflow when it runs: `prefect deploy` and the worker load this module
+# to find the flows, and the stages' imports (datasets, torch, …) cost seconds each.
+
+
+def _compose(ctx: RunContext) -> StageResult:
+    from flows.data import compose_tasks
+
+    out = compose_tasks(
+        profile=ctx.profile,
+        config_path=ctx.config_path,
+        overrides=ctx.overrides,
+        out_dir=str(ctx.run_dir),
+    )
+    # Counted from the files written, not from anything the flow claims.
+    counts = {f"{key} tasks": pq.read_metadata(path).num_rows for key, path in out["tasks"].items()}
+    return StageResult(outputs=out, headline=counts)
+
+
+def _index(ctx: RunContext) -> StageResult:
+    from flows.index import build_index_flow
+
+    out = build_index_flow(
+        profile=ctx.profile,
+        config_path=ctx.config_path,
+        overrides=ctx.overrides,
+        out_dir=str(ctx.run_dir),
+    )
+    keys = ("kind", "documents", "build_seconds", "size_mb", "cached")
+    return StageResult(outputs=out, headline={k: out[k] for k in keys if k in out})
+
+
+def _stage_args(ctx: RunContext) -> dict[str, Any]:
+    return {
+        "profile": ctx.profile,
+        "config_path": ctx.config_path,
+        "overrides": ctx.overrides,
+        "run_dir": str(ctx.run_dir),
+    }
+
+
+def _warm_start(ctx: RunContext) -> StageResult:
+    from flows.stages import warm_start
+
+    out = warm_start(**_stage_args(ctx))
+    keys = ("steps", "seconds", "final_loss", "eval_reward_before", "eval_reward_after")
+    return StageResult(outputs=out, headline={f"warm start {k}": out[k] for k in keys})
+
+
+def _train_ppo(ctx: RunContext) -> StageResult:
+    from flows.stages import train_ppo_mem1
+
+    out = train_ppo_mem1(**_stage_args(ctx), policy="mem1")
+    m = out["metrics"]
+    return StageResult(
+        outputs=out,
+        headline={
+            "ppo mem1 iterations": out["iterations"],
+            "ppo mem1 last train reward": m.get("reward"),
+            "ppo mem1 held-out reward": m.get("eval/reward"),
+        },
+    )
+
+
+def _train_baselines(ctx: RunContext) -> StageResult:
+    from flows.stages import train_ppo_mem1, train_sft_arm
+
+    full = train_ppo_mem1(**_stage_args(ctx), policy="full")
+    sft = train_sft_arm(**_stage_args(ctx))
+    return StageResult(
+        outputs={"ppo_full": full, "sft_mem1": sft},
+        headline={
+            "ppo full held-out reward": full["metrics"].get("eval/reward"),
+            "sft mem1 held-out reward": sft["eval_reward_after"],
+        },
+    )
+
+
+def _evaluate(ctx: RunContext) -> StageResult:
+    from flows.stages import evaluate_objective_scaling
+
+    out = evaluate_objective_scaling(**_stage_args(ctx))
+    head: dict[str, Scalar] = {}
+    for r in out["headline"]:
+        head[f"{r['agent']} N={r['N']} EM"] = r["em_sum"]
+        head[f"{r['agent']} N={r['N']} peak tokens"] = r["peak_tokens"]
+    head.update({k: v for k, v in out["ratios"].items() if v is not None})
+    return StageResult(outputs=out, headline=head)
+
+
+def _ablation(ctx: RunContext) -> StageResult:
+    from flows.stages import ablation_summary
+
+    out = ablation_summary(run_dir=str(ctx.run_dir))
+    return StageResult(outputs=out, headline={})
+
+
+PIPELINE: tuple[str, ...] = (
+    "compose-tasks",
+    "build-index",
+    "warm-start",
+    "train-ppo",
+    "train-baselines",
+    "evaluate-objective-scaling",
+    "ablation-summary",
+)
+"""Every stage of the pipeline, in the order it runs."""
+
+STAGES: dict[str, Stage] = {
+    "compose-tasks": _compose,
+    "build-index": _index,
+    "warm-start": _warm_start,
+    "train-ppo": _train_ppo,
+    "train-baselines": _train_baselines,
+    "evaluate-objective-scaling": _evaluate,
+    "ablation-summary": _ablation,
+}
+"""The built stages: name -> adapter."""
+
+
+# ---- run directory and summary ------------------------------------------------------------
+
+
+def resolve_runs_root(runs_root: str | None) -> Path:
+    """The runs root made absolute; `runs` under the working directory by default (a
+    deployment's pull step sets that to the repository)."""
+    return Path(runs_root or "runs").expanduser().resolve()
+
+
+def default_run_name(now: datetime | None = None) -> str:
+    return (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
+
+
+def headline_rows(results: Mapping[str, StageResult]) -> list[dict[str, Scalar]]:
+    """One row per headline number of the stages that ran: stage, metric, value."""
+    return [
+        {"stage": name, "metric": metric, "value": value}
+        for name, result in results.items()
+        for metric, value in result.headline.items()
+    ]
+
+
+def render_summary(summary: Mapping[str, Any]) -> str:
+    """The summary markdown: status, run directory, every stage's state, headline table."""
+    lines = [
+        f"# mem1 run `{summary['run_name']}` — {summary['status']}",
+        "",
+        f"- run directory: `{summary['run_dir']}`",
+        f"- profile: `{summary['profile']}`",
+        "",
+        "| stage | state | seconds |",
+        "| --- | --- | --- |",
+    ]
+    for name in summary["pipeline"]:
+        if name in summary["seconds"]:
+            state = "failed" if name == summary.get("failed_stage") else "ran"
+            lines.append(f"| {name} | {state} | {summary['seconds'][name]:.1f} |")
+        elif name in summary["not_built"]:
+            lines.append(f"| {name} | not built yet | |")
+        else:
+            lines.append(f"| {name} | not run | |")
+    rows = summary["headline_rows"]
+    lines += ["", "## Headline numbers", ""]
+    if rows:
+        lines += ["| stage | metric | value |", "| --- | --- | --- |"]
+        lines += [f"| {r['stage']} | {r['metric']} | {r['value']} |" for r in rows]
+    else:
+        lines.append("No stage produced numbers.")
+    if summary["not_built"]:
+        lines += [
+            "",
+            "Stages not built yet (no results, nothing pretended): "
+            + ", ".join(summary["not_built"])
+            + ".",
+        ]
+    if summary.get("error"):
+        lines += [
+            "",
+            f"## Failure in `{summary['failed_stage']}`",
+            "",
+            "```",
+            summary["error"],
+            "```",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _in_flow_run() -> bool:
+    return FlowRunContext.get() is not None
+
+
+def _publish_markdown(key: str, markdown: str, description: str) -> None:
+    # Outside a flow run (a unit test calling `.fn()`), there is no run to attach it to.
+    if _in_flow_run():
+        publish_markdown(key, markdown, description)
+
+
+def _label_flow_run(run_name: str, profile: str) -> None:
+    """Name the flow run after its run directory, so the UI's run list shows it."""
+    ctx = FlowRunContext.get()
+    if ctx is None or ctx.flow_run is None:
+        return
+    tags = sorted({*ctx.flow_run.tags, "mem1", f"profile:{profile}"})
+    with get_client(sync_client=True) as client:
+        client.update_flow_run(ctx.flow_run.id, name=run_name, tags=tags)
+
+
+# ---- flows ---------------------------------------------------------------------------------
+
+
+@flow(name="mem1", log_prints=True)
+def mem1(
+    profile: str = "tiny",
+    config_path: str | None = None,
+    overrides: list[str] | None = None,
+    runs_root: str | None = None,
+    run_name: str | None = None,
+) -> dict[str, Any]:
+    """The whole pipeline under one run directory; returns the headline of the stages run."""
+    cfg = build_config(profile, config_path, overrides)
+    run_name = run_name or default_run_name()
+    run_dir = resolve_runs_root(runs_root) / run_name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(
+        {
+            "profile": profile,
+            "config_path": config_path,
+            "overrides": list(overrides or []),
+            "run_name": run_name,
+            "config": config_json(cfg),
+        },
+        run_dir / "run.json",
+    )
+    _label_flow_run(run_name, profile)
+    print(f"run directory: {run_dir}")
+    _publish_markdown(
+        RUN_DIR_KEY,
+        f"# mem1 run `{run_name}`\n\nEverything this run writes (tasks, indexes, "
+        f"checkpoints, Parquet, plots) is under\n\n`{run_dir}`\n",
+        f"Run directory of mem1 run {run_name}",
+    )
+
+    results: dict[str, StageResult] = {}
+    seconds: dict[str, float] = {}
+    failed: str | None = None
+    error: str | None = None
+    try:
+        for name in PIPELINE:
+            stage = STAGES.get(name)
+            if stage is None:
+                continue
+            ctx = RunContext(profile, config_path, list(overrides or []), run_dir, dict(results))
+            t0 = time.perf_counter()
+            try:
+                results[name] = stage(ctx)
+            except BaseException:
+                failed, error = name, traceback.format_exc(limit=5)
+                raise
+            finally:
+                seconds[name] = round(time.perf_counter() - t0, 2)
+    finally:
+        summary = {
+            "run_name": run_name,
+            "run_dir": str(run_dir),
+            "profile": profile,
+            "status": "failed" if failed else "completed",
+            "pipeline": list(PIPELINE),
+            "stages_run": list(results),
+            "not_built": [n for n in PIPELINE if n not in STAGES],
+            "failed_stage": failed,
+            "error": error,
+            "seconds": seconds,
+            "headline": {name: r.headline for name, r in results.items()},
+            "headline_rows": headline_rows(results),
+            "outputs": {name: r.outputs for name, r in results.items()},
+        }
+        markdown = render_summary(summary)
+        write_json(summary, run_dir / "summary.json")
+        write_text(markdown, run_dir / "summary.md")
+        _publish_markdown(SUMMARY_KEY, markdown, f"Summary of mem1 run {run_name}")
+        if summary["headline_rows"] and _in_flow_run():
+            publish_table(HEADLINE_KEY, summary["headline_rows"], f"Headline of run {run_name}")
+    return {
+        k: summary[k]
+        for k in (
+            "run_name",
+            "run_dir",
+            "profile",
+            "status",
+            "stages_run",
+            "not_built",
+            "seconds",
+            "headline",
+        )
+    }
+
+
+def latest_checkpoint(runs_root: str | Path) -> Path | None:
+    """The newest checkpoint under `runs_root/*/checkpoints/` or a stage's
+    `runs_root/*/*/checkpoints/` (e.g. `run/ppo_mem1/checkpoints/`), by modification time
+    (ties: by path), or None. Entries starting with `.` are skipped: atomic writes stage there."""
+    root = Path(runs_root)
+    if not root.is_dir():
+        return None
+    found = [
+        entry
+        for pattern in (f"*/{CHECKPOINTS}", f"*/*/{CHECKPOINTS}")
+        for ckdir in root.glob(pattern)
+        if ckdir.is_dir()
+        for entry in ckdir.iterdir()
+        if not entry.name.startswith(".")
+    ]
+    return max(found, key=lambda p: (p.stat().st_mtime, str(p)), default=None)
+
+
+@flow(name="mem1-nightly-eval", log_prints=True)
+def nightly_eval(runs_root: str | None = None, profile: str = "tiny") -> dict[str, Any]:
+    """Evaluate the newest checkpoint under `runs_root` across N and publish its tables."""
+    cfg = build_config(profile, None, None)  # a bad profile fails here, before any search
+    root = resolve_runs_root(runs_root)
+    checkpoint = latest_checkpoint(root)
+    if checkpoint is None:
+        text = f"No checkpoint under `{root}` (looked in `*/{CHECKPOINTS}/`): nothing to evaluate."
+        print(text)
+        _publish_markdown(
+            NIGHTLY_KEY, f"# mem1 nightly evaluation\n\n{text}\n", "Nightly evaluation"
+        )
+        return {"runs_root": str(root), "checkpoint": None, "evaluated": False}
+    from mem1_core.evaluation_stage import run_objective_scaling
+
+    run_dir = checkpoint.parents[1]  # the training run that wrote it holds its tasks and index
+    out = run_dir / "nightly" / default_run_name()
+    policy = checkpoint / "policy" if (checkpoint / "policy").is_dir() else checkpoint
+    memory = "full" if run_dir.name.endswith("full") else "mem1"
+    result = run_objective_scaling(
+        cfg, run_dir, out, [(checkpoint.name, str(policy), memory)], teacher=False, progress=False
+    )
+    rows = result["headline"]
+    if _in_flow_run():
+        publish_table(NIGHTLY_KEY + "-table", rows, f"Nightly evaluation of {checkpoint}")
+    text = f"Checkpoint `{checkpoint}` evaluated under `{memory}` into `{out}`.\n\n" + "\n".join(
+        f"- N={r['N']}: EM {r['em_sum']}, peak tokens {r['peak_tokens']}" for r in rows
+    )
+    print(text)
+    _publish_markdown(NIGHTLY_KEY, f"# mem1 nightly evaluation\n\n{text}\n", "Nightly evaluation")
+    return {
+        "runs_root": str(root),
+        "checkpoint": str(checkpoint),
+        "evaluated": True,
+        "out": str(out),
+        "headline": rows,
+    }

@@ -1,0 +1,182 @@
+"""What every stage of a run needs, built once per run directory and reused: the world (or
+questions), the composed tasks, the tokenizer, the retrieval index, the policy model.
+
+Layout of a run directory:
+  world/            corpus.parquet, questions.parquet (the embedded profile)
+  tasks/            {train,test}_n{N}.parquet
+  tokenizer/        the tiny tokenizer (save_pretrained)
+  indexes/          retrieval indexes, one per corpus fingerprint and kind
+  checkpoints/      training checkpoints (mem1_core.checkpoint)
+Each piece is built only if missing, so stages can run (and re-run) independently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from mem1_core.compose import compose, write_tasks
+from mem1_core.config import Config
+from mem1_core.env import QAEnvironment
+from mem1_core.model import build_tiny_model, load_model
+from mem1_core.prompts import task_prompt
+from mem1_core.qa_data import Loaded, load_hotpotqa, load_nq, world_questions
+from mem1_core.retrieval import Retriever, load_index
+from mem1_core.rollout import Task, tasks_from_table
+from mem1_core.tokenizer import load_tokenizer, train_tiny_tokenizer
+from mem1_core.world import generate_world, write_world
+
+
+@dataclass
+class RunPaths:
+    root: Path
+
+    @property
+    def world(self) -> Path:
+        return self.root / "world"
+
+    @property
+    def tasks(self) -> Path:
+        return self.root / "tasks"
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.root / "tokenizer"
+
+    @property
+    def indexes(self) -> Path:
+        return self.root / "indexes"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    def task_file(self, split: str, n: int) -> Path:
+        return self.tasks / f"{split}_n{n}.parquet"
+
+
+def ensure_world(cfg: Config, paths: RunPaths) -> Path:
+    if not (paths.world / "questions.parquet").exists():
+        write_world(generate_world(cfg.world), paths.world)
+    return paths.world
+
+
+def corpus_path(cfg: Config, paths: RunPaths) -> Path:
+    if cfg.data.source == "world":
+        return ensure_world(cfg, paths) / "corpus.parquet"
+    if cfg.retrieval.corpus is None:
+        raise ValueError("retrieval.corpus must name a corpus file for non-world sources")
+    return Path(cfg.retrieval.corpus)
+
+
+def ensure_tasks(cfg: Config, paths: RunPaths, split: str, n: int) -> Path:
+    """The composed N-objective tasks of `split` (world: train/test by entity)."""
+    out = paths.task_file(split, n)
+    if out.exists():
+        return out
+    if cfg.data.source == "world":
+        questions = world_questions(pq.read_table(ensure_world(cfg, paths) / "questions.parquet"))
+        use_split = split
+    else:
+        import pyarrow as pa
+
+        tables = []
+        if "hotpotqa" in cfg.data.source:
+            tables.append(
+                load_hotpotqa(
+                    cfg.data.hotpotqa,
+                    cfg.data.hotpotqa_config,
+                    "train" if split == "train" else "validation",
+                ).table
+            )
+        if "nq" in cfg.data.source:
+            tables.append(load_nq(cfg.data.nq, "train" if split == "train" else "validation").table)
+        questions = Loaded(pa.concat_tables(tables))
+        use_split = None
+    cap = cfg.data.max_train_tasks if split == "train" else cfg.data.max_eval_tasks
+    table, _ = compose(
+        questions.table,
+        n,
+        cfg.data.mode,
+        cfg.data.seed,
+        use_split,
+        shuffle=split == "train",
+        max_tasks=cap,
+    )
+    write_tasks(table, out)
+    return out
+
+
+def load_tasks(cfg: Config, paths: RunPaths, split: str, n: int) -> list[Task]:
+    return tasks_from_table(pq.read_table(ensure_tasks(cfg, paths, split, n)))
+
+
+def ensure_tokenizer(cfg: Config, paths: RunPaths):
+    """The tiny tokenizer trained on the world corpus and task prompts, or a hub tokenizer."""
+    if cfg.model.name_or_path is not None:
+        return load_tokenizer(cfg.model.name_or_path)
+    if not (paths.tokenizer / "tokenizer.json").exists():
+        world = ensure_world(cfg, paths)
+        corpus = pq.read_table(world / "corpus.parquet")["contents"].to_pylist()
+        questions = pq.read_table(world / "questions.parquet")["question"].to_pylist()
+        prompts = [task_prompt(questions[i : i + 2]) for i in range(0, len(questions), 2)]
+        tok = train_tiny_tokenizer(corpus + prompts, cfg.model.tokenizer_vocab)
+        from mem1_core.io import atomic_dir
+
+        with atomic_dir(paths.tokenizer) as tmp:
+            tok.save_pretrained(tmp)
+    return load_tokenizer(paths.tokenizer)
+
+
+def index_options(cfg: Config) -> dict:
+    """The index options a retrieval config implies (the encoder of a dense index)."""
+    return {"model": cfg.retrieval.encoder} if cfg.retrieval.kind == "dense" else {}
+
+
+def ensure_index(cfg: Config, paths: RunPaths) -> Path:
+    """The run's index under `indexes/`, reused while the corpus fingerprint is unchanged."""
+    from mem1_core.retrieval import ensure_index as ensure
+
+    index_dir, _built = ensure(
+        corpus_path(cfg, paths),
+        cfg.retrieval.kind,
+        paths.indexes,
+        show_progress=False,
+        **index_options(cfg),
+    )
+    return index_dir
+
+
+def make_retriever(cfg: Config, paths: RunPaths) -> Retriever:
+    if cfg.retrieval.url:
+        from mem1_core.retrieval import HttpRetriever
+
+        return HttpRetriever(cfg.retrieval.url)
+    return load_index(ensure_index(cfg, paths))
+
+
+def make_env(cfg: Config, paths: RunPaths, tokenizer, retriever: Retriever | None = None):
+    return QAEnvironment(tokenizer, retriever or make_retriever(cfg, paths), cfg.retrieval.topk)
+
+
+def initial_policy(cfg: Config, tokenizer):
+    """The untrained starting point: the tiny model from config, or the hub model."""
+    if cfg.model.name_or_path is None:
+        return build_tiny_model(cfg.model, tokenizer)
+    return load_model(cfg.model.name_or_path, cfg.model, tokenizer)
+
+
+def prepare(cfg: Config, root: str | Path) -> RunPaths:
+    """Build everything a run needs that is still missing; returns the paths."""
+    paths = RunPaths(Path(root).resolve())
+    paths.root.mkdir(parents=True, exist_ok=True)
+    ensure_tasks(cfg, paths, "train", cfg.data.train_objectives)
+    for n in cfg.sft.warm_start_objectives:
+        ensure_tasks(cfg, paths, "train", n)
+    for n in cfg.data.eval_objectives:
+        ensure_tasks(cfg, paths, "test", n)
+    ensure_tokenizer(cfg, paths)
+    ensure_index(cfg, paths)
+    return paths

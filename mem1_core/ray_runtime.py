@@ -1,0 +1,379 @@
+"""Where RL training runs: rollout workers, a learner and the retriever as Ray actors
+(DESIGN §4.6), or the same classes as plain objects in this process (`use_ray=False`).
+
+- `RolloutWorker`: a generation backend (Hugging Face with a KV cache), the QA environment
+  and a retriever client (a handle to the shared retriever actor, an HTTP server, or its
+  own in-process index); rolls out a share of each iteration's tasks.
+- `Learner`: policy, frozen reference, critic and optimisers; `update(trajectories)` is
+  mem1_core.ppo.update; `get_weights()` hands the policy's weights out on CPU.
+- the retriever: mem1_core.retrieval.ray_actor.RetrieverActor, one per run.
+
+Weights go learner -> workers through the Ray object store: the driver passes the
+ObjectRef that `get_weights` returned (Ray already stored the result there) to every
+worker, so the weights never pass through the driver. On a laptop everything shares one
+local Ray with CPU resources; the resource requests come from `PPOConfig`, so the same
+code asks for GPUs on a cluster (`ppo.ray_address`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mem1_core.assets import RunPaths, ensure_tokenizer, initial_policy, make_env
+from mem1_core.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
+from mem1_core.config import Config, PPOConfig
+from mem1_core.critic import VALUE_HEAD_FILE, Critic
+from mem1_core.generation import HFBackend
+from mem1_core.model import load_model
+from mem1_core.ppo import Models, NonFiniteGuard, get_estimator, update
+from mem1_core.rollout import Task, rollout
+from mem1_core.trajectory import Trajectory
+
+RETRIEVER_CPUS = 1.0
+"""Logical CPUs the retriever actor asks for (BM25 is light; a dense encoder is not)."""
+KEEP_CHECKPOINTS = 3
+"""Checkpoints kept on disk (the newest)."""
+
+
+# ---- model loading -------------------------------------------------------------------------
+
+
+def resolve_init(init: str | Path | None) -> Path | None:
+    """`--init` -> a policy directory: a checkpoint or SFT output (its `policy/`), a run
+    directory (its latest checkpoint's policy) or a save_pretrained model directory."""
+    if init is None:
+        return None
+    p = Path(init).resolve()
+    if (p / "policy" / "config.json").is_file():
+        return p / "policy"
+    if (p / "checkpoints").is_dir() and (ckpt := latest_checkpoint(p / "checkpoints")):
+        return ckpt / "policy"
+    if (p / "config.json").is_file():
+        return p
+    raise FileNotFoundError(
+        f"--init {init}: expected a model directory (config.json), a checkpoint or SFT output "
+        "(policy/config.json) or a run directory with checkpoints/"
+    )
+
+
+def _device(gpus: float) -> torch.device:
+    return torch.device("cuda" if gpus > 0 and torch.cuda.is_available() else "cpu")
+
+
+def _load_policy(cfg: Config, tokenizer: Any, init: Path | None, device: torch.device):
+    model = (
+        initial_policy(cfg, tokenizer) if init is None else load_model(init, cfg.model, tokenizer)
+    )
+    return model.to(device).eval()
+
+
+def _set_threads(threads: int | None) -> None:
+    if threads:
+        torch.set_num_threads(threads)
+
+
+# ---- actors (plain classes; `Runtime` wraps them with ray.remote) --------------------------
+
+
+class RolloutWorker:
+    """Generates trajectories with the latest weights the learner sent."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        run_root: str,
+        init: str | None = None,
+        retriever: Any = None,
+        threads: int | None = None,
+    ):
+        _set_threads(threads)
+        paths = RunPaths(Path(run_root))
+        self.cfg = cfg
+        self.device = _device(cfg.ppo.gpus_per_worker)
+        tok = ensure_tokenizer(cfg, paths)
+        model = _load_policy(cfg, tok, None if init is None else Path(init), self.device)
+        self.backend = HFBackend(model, tok.pad_token_id, tok.eos_token_id, cfg.rollout.batch_size)
+        if retriever is not None:
+            from mem1_core.retrieval.ray_actor import RayRetriever
+
+            retriever = RayRetriever(retriever)
+        self.env = make_env(cfg, paths, tok, retriever)  # None: make_retriever(cfg, paths)
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        self.backend.load_state_dict(state)
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu() for k, v in self.backend.model.state_dict().items()}
+
+    def rollout(
+        self,
+        tasks: list[Task],
+        seed: int,
+        *,
+        greedy: bool = False,
+        samples_per_task: int = 1,
+        group_offset: int = 0,
+    ) -> list[Trajectory]:
+        """Roll `tasks` out; GRPO groups are numbered from `group_offset` (unique per run
+        of tasks across workers)."""
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        trajs = rollout(
+            tasks,
+            self.backend,
+            self.env,
+            self.cfg.rollout,
+            greedy=greedy,
+            samples_per_task=samples_per_task,
+            generator=gen,
+        )
+        for t in trajs:
+            t.group += group_offset
+        return trajs
+
+
+class Learner:
+    """Policy, frozen reference (the initial policy), critic and their optimisers."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        run_root: str,
+        init: str | None = None,
+        estimator: str = "gae",
+        threads: int | None = None,
+    ):
+        _set_threads(threads)
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # one "Writing model shards" bar per checkpoint
+        self.cfg, self.estimator = cfg, estimator
+        self.paths = RunPaths(Path(run_root))
+        self.device = _device(cfg.ppo.learner_gpus)
+        self.tokenizer = ensure_tokenizer(cfg, self.paths)
+        init_dir = None if init is None else Path(init)
+        policy = _load_policy(cfg, self.tokenizer, init_dir, self.device)
+        reference = copy.deepcopy(policy).requires_grad_(False)
+        critic = None
+        if get_estimator(estimator).uses_critic:
+            saved = init_dir.parent / "critic" if init_dir is not None else None
+            if saved is not None and (saved / VALUE_HEAD_FILE).is_file():
+                critic = Critic.load(saved, cfg.model.dtype, cfg.model.attn)
+            else:
+                critic = Critic.from_policy(policy)
+            critic = critic.to(self.device).eval()
+        self.models = Models(policy, reference, critic)
+        # weight_decay=0: PPO's small steps should not also shrink the warm start.
+        self.optimizers = {
+            "policy": torch.optim.AdamW(policy.parameters(), lr=cfg.ppo.actor_lr, weight_decay=0.0)
+        }
+        if critic is not None:
+            self.optimizers["critic"] = torch.optim.AdamW(
+                critic.parameters(), lr=cfg.ppo.critic_lr, weight_decay=0.0
+            )
+        self.guard = NonFiniteGuard(cfg.ppo.max_nonfinite_in_row)
+
+    def update(self, trajs: list[Trajectory], iteration: int) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        # Seeded per iteration: minibatch order is the same after a resume.
+        gen = torch.Generator().manual_seed(self.cfg.model.seed * 1_000_003 + iteration)
+        stats = update(
+            self.models,
+            self.optimizers,
+            trajs,
+            self.cfg.ppo,
+            estimator=self.estimator,
+            attn=self.cfg.model.attn,
+            pad_id=self.tokenizer.pad_token_id,
+            guard=self.guard,
+            generator=gen,
+            temperature=self.cfg.rollout.temperature or 1.0,
+        )
+        return stats | {"update_seconds": time.perf_counter() - t0}
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu() for k, v in self.models.policy.state_dict().items()}
+
+    def save(self, state: TrainState) -> str:
+        extra = state.extra | {
+            "nonfinite_total": self.guard.total,
+            "nonfinite_in_row": self.guard.in_row,
+            "estimator": self.estimator,
+        }
+        out = save_checkpoint(
+            self.paths.checkpoints,
+            TrainState(state.iteration, state.elapsed_seconds, extra),
+            policy=self.models.policy,
+            optimizers=self.optimizers,
+            config=self.cfg,
+            critic=self.models.critic,
+            tokenizer=self.tokenizer,
+            keep=KEEP_CHECKPOINTS,
+        )
+        return str(out)
+
+    def restore(self, path: str) -> TrainState:
+        state = load_checkpoint(
+            path, policy=self.models.policy, optimizers=self.optimizers, critic=self.models.critic
+        )
+        saved = state.extra.get("estimator", self.estimator)
+        if saved != self.estimator:
+            raise ValueError(f"{path} was trained with estimator {saved!r}, not {self.estimator!r}")
+        self.guard.total = int(state.extra.get("nonfinite_total", 0))
+        self.guard.in_row = int(state.extra.get("nonfinite_in_row", 0))
+        return state
+
+
+# ---- the driver's view ---------------------------------------------------------------------
+
+
+def start_ray(ppo: PPOConfig, *, log_to_driver: bool = False) -> bool:
+    """Connect to `ppo.ray_address`, or start a private local Ray sized for the actors.
+    Returns True if this call started (and so should shut down) Ray."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Under `uv run`, Ray would rebuild the venv in every worker; the package is installed.
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if ppo.ray_address:
+        ray.init(address=ppo.ray_address, log_to_driver=log_to_driver, configure_logging=False)
+    else:
+        # A private cluster living as long as this run, on localhost, dashboard off: token
+        # auth (Ray's default) would only write a token file. Set RAY_AUTH_MODE to override.
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        need = ppo.num_rollout_workers * ppo.cpus_per_worker + ppo.learner_cpus + RETRIEVER_CPUS
+        ray.init(
+            num_cpus=max(os.cpu_count() or 1, math.ceil(need)),
+            include_dashboard=False,
+            log_to_driver=log_to_driver,
+            configure_logging=False,
+        )
+    gpus = ray.cluster_resources().get("GPU", 0.0)
+    if max(ppo.gpus_per_worker, ppo.learner_gpus) > gpus:
+        ray.shutdown()
+        raise ValueError(
+            f"ppo.gpus_per_worker={ppo.gpus_per_worker} / ppo.learner_gpus={ppo.learner_gpus} "
+            f"but the Ray cluster has {gpus:g} GPUs; set them to 0 on a CPU machine"
+        )
+    return True
+
+
+class Runtime:
+    """Workers and learner, remote (Ray actors) or local (plain objects), called alike."""
+
+    def __init__(
+        self,
+        workers: list[Any],
+        learner: Any,
+        remote: bool,
+        owns_ray: bool = False,
+        retriever: Any = None,
+    ):
+        self.workers, self.learner, self.remote = workers, learner, remote
+        self.owns_ray, self.retriever = owns_ray, retriever
+
+    @classmethod
+    def start(
+        cls,
+        cfg: Config,
+        paths: RunPaths,
+        *,
+        init: Path | None,
+        estimator: str,
+        use_ray: bool = True,
+        log_to_driver: bool = False,
+    ) -> Runtime:
+        init_s = None if init is None else str(init)
+        ppo, root = cfg.ppo, str(paths.root)
+        if not use_ray:
+            workers = [RolloutWorker(cfg, root, init_s) for _ in range(ppo.num_rollout_workers)]
+            return cls(workers, Learner(cfg, root, init_s, estimator), remote=False)
+        import ray
+
+        from mem1_core.assets import ensure_index
+        from mem1_core.retrieval.ray_actor import start_retriever_actor
+
+        owns = start_ray(ppo, log_to_driver=log_to_driver)
+        retriever = None
+        if not cfg.retrieval.url:  # an HTTP retriever is already shared
+            retriever = start_retriever_actor(ensure_index(cfg, paths), num_cpus=RETRIEVER_CPUS)
+        worker_cls = ray.remote(RolloutWorker).options(
+            num_cpus=ppo.cpus_per_worker, num_gpus=ppo.gpus_per_worker
+        )
+        threads = max(1, int(ppo.cpus_per_worker))
+        workers = [
+            worker_cls.remote(cfg, root, init_s, retriever, threads)
+            for _ in range(ppo.num_rollout_workers)
+        ]
+        learner = (
+            ray.remote(Learner)
+            .options(num_cpus=ppo.learner_cpus, num_gpus=ppo.learner_gpus)
+            .remote(cfg, root, init_s, estimator, max(1, int(ppo.learner_cpus)))
+        )
+        return cls(workers, learner, remote=True, owns_ray=owns, retriever=retriever)
+
+    def _call(self, target: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+        fn = getattr(target, method)
+        return fn.remote(*args, **kwargs) if self.remote else fn(*args, **kwargs)
+
+    def _get(self, value: Any) -> Any:
+        if not self.remote:
+            return value
+        import ray
+
+        return ray.get(value)
+
+    def rollout(
+        self, tasks: list[Task], seed: int, *, greedy: bool = False, samples_per_task: int = 1
+    ) -> list[Trajectory]:
+        """Split `tasks` into contiguous shares, one per worker; trajectories in task order."""
+        n = len(self.workers)
+        bounds = [len(tasks) * i // n for i in range(n + 1)]
+        parts = [
+            self._call(
+                w,
+                "rollout",
+                tasks[bounds[i] : bounds[i + 1]],
+                seed * 1009 + i,
+                greedy=greedy,
+                samples_per_task=samples_per_task,
+                group_offset=bounds[i],
+            )
+            for i, w in enumerate(self.workers)
+            if bounds[i + 1] > bounds[i]
+        ]
+        return [t for part in self._get(parts) for t in part]
+
+    def update(self, trajs: list[Trajectory], iteration: int) -> dict[str, Any]:
+        return self._get(self._call(self.learner, "update", trajs, iteration))
+
+    def sync_weights(self) -> None:
+        """Learner -> object store -> every worker (an ObjectRef is resolved in the worker)."""
+        weights = self._call(self.learner, "get_weights")
+        self._get([self._call(w, "load_weights", weights) for w in self.workers])
+
+    def save(self, state: TrainState) -> Path:
+        return Path(self._get(self._call(self.learner, "save", state)))
+
+    def restore(self, path: Path) -> TrainState:
+        return self._get(self._call(self.learner, "restore", str(path)))
+
+    def shutdown(self) -> None:
+        if not self.remote:
+            return
+        import ray
+
+        for actor in [*self.workers, self.learner, self.retriever]:
+            if actor is not None:
+                ray.kill(actor)
+        if self.owns_ray:
+            ray.shutdown()

@@ -1,0 +1,134 @@
+"""The scripted teacher: plays the MEM1 format well on the task world, in the role of the
+paper's GPT-4o teacher (MEM1 §4.3, the SFT ablation).
+
+It knows each question's hop structure (the world's `plan`): it issues the right queries,
+one lookup a turn, objective after objective; its `<IS>` carries forward every fact found so
+far (per question) and names the next step; then it answers all questions at once. Facts are
+taken only when the retrieved `<info>` really contains them, so the teacher never shows
+knowledge that the context does not hold. `error_rate` makes it answer an objective wrongly
+on purpose. It plays behind the generation interface, so it runs under any memory policy
+(`mem1` or `full`) through the same rollout and environment as the model.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+
+from mem1_core.generation import Generation
+from mem1_core.prompts import (
+    ANSWER_CLOSE,
+    ANSWER_OPEN,
+    IS_CLOSE,
+    IS_OPEN,
+    QUERY_CLOSE,
+    QUERY_OPEN,
+    join_answers,
+)
+from mem1_core.rollout import Task
+from mem1_core.trajectory import Action, Trajectory
+
+UNKNOWN = "?"
+
+
+@dataclass(frozen=True)
+class Step:
+    objective: int
+    query: str
+    title: str
+    answer: str
+
+
+def task_steps(task: Task) -> list[list[Step]]:
+    """The lookups of each objective, from the world's plans."""
+    out = []
+    for i, plan in enumerate(task.plans):
+        out.append([Step(i, s["query"], s["title"], s["answer"]) for s in json.loads(plan or "[]")])
+    return out
+
+
+def final_answer(steps: list[Step], found: list[str | None]) -> str:
+    """The answer an objective's found facts give: a comparison names the earlier entity
+    (its two lookups found years), any other question answers with its last hop."""
+    if not steps or any(f is None for f in found):
+        return UNKNOWN
+    if _is_comparison(steps):
+        years = [int(f) if f.isdigit() else None for f in found]
+        if None in years:
+            return UNKNOWN
+        return steps[0].title if years[0] <= years[1] else steps[1].title
+    return found[-1] or UNKNOWN
+
+
+class ScriptedTeacher:
+    """A generation backend that writes teacher turns for the trajectories it is given."""
+
+    reads_trajectories = True
+
+    def __init__(self, tokenizer, tasks: list[Task], error_rate: float = 0.0, seed: int = 0):
+        self.tok = tokenizer
+        self.tasks = {t.task_id: t for t in tasks}
+        self.error_rate = error_rate
+        self.rng = random.Random(seed)
+
+    def generate(self, contexts, params, generator=None, trajectories=None) -> list[Generation]:
+        if trajectories is None:
+            raise ValueError("the scripted teacher needs the trajectories it plays")
+        out = []
+        for traj in trajectories:
+            ids = self.tok.encode(self.turn_text(traj, params), add_special_tokens=False)
+            out.append(Generation(ids, [0.0] * len(ids), "stop"))
+        return out
+
+    def turn_text(self, traj: Trajectory, params) -> str:
+        task = self.tasks[traj.task_id]
+        steps = task_steps(task)
+        found: list[list[str | None]] = [[] for _ in steps]
+        queries = [t for t in traj.turns if t.action is Action.QUERY]
+        order = [s for obj in steps for s in obj]
+        for step, turn in zip(order, queries, strict=False):
+            found[step.objective].append(step.answer if step.answer in turn.info_text else None)
+        done = len(queries)
+        last_turn = len(traj.turns) + 1 >= traj.max_turns
+        state = self.state_text(task, steps, found)
+        if done < len(order) and not last_turn:
+            nxt = order[done]
+            # a bridge's second hop queries the first hop's finding (copied from the state)
+            query = nxt.query
+            return (
+                f"{IS_OPEN} {state} Next: Q{nxt.objective + 1}. {IS_CLOSE}"
+                f"{QUERY_OPEN}{query}{QUERY_CLOSE}"
+            )
+        answers = [
+            self._maybe_wrong(final_answer(s, f), s) for s, f in zip(steps, found, strict=True)
+        ]
+        return f"{IS_OPEN} {state} {IS_CLOSE}{ANSWER_OPEN}{join_answers(answers)}{ANSWER_CLOSE}"
+
+    @staticmethod
+    def state_text(task: Task, steps: list[list[Step]], found: list[list[str | None]]) -> str:
+        """The consolidated memory: per question only what is still needed — its answer once
+        every lookup is done, else the facts found so far (MEM1 §3: fold, don't append)."""
+        parts = []
+        for i, (obj, f) in enumerate(zip(steps, found, strict=True)):
+            if not f:  # nothing known yet: the state lists only what was found
+                continue
+            if len(f) == len(obj):
+                facts = final_answer(obj, f)
+            elif _is_comparison(obj):  # one of two lookups done: keep the name and its year
+                facts = f"{obj[0].title} {f[0] or UNKNOWN}"
+            else:  # a bridge's first hop: the entity the next lookup is about
+                facts = f[-1] or UNKNOWN
+            parts.append(f"Q{i + 1}: {facts}.")
+        return " ".join(parts) if parts else "Start."
+
+    def _maybe_wrong(self, answer: str, steps: list[Step]) -> str:
+        if self.error_rate <= 0 or self.rng.random() >= self.error_rate:
+            return answer
+        wrong = [s.query for s in steps if s.query != answer] or [UNKNOWN]
+        return self.rng.choice(wrong)
+
+
+def _is_comparison(steps: list[Step]) -> bool:
+    """Two independent lookups (the second does not follow from the first's answer)."""
+    return len(steps) == 2 and steps[1].query != steps[0].answer

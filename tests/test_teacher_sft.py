@@ -1,0 +1,113 @@
+"""The scripted teacher and SFT over the flattened tree (checked against re-running turns)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from mem1_core.config import ModelConfig, RolloutConfig
+from mem1_core.env import QAEnvironment
+from mem1_core.logprobs import per_turn_logprobs
+from mem1_core.model import build_tiny_model
+from mem1_core.rollout import rollout
+from mem1_core.sft import lr_at, sft_loss, teacher_trajectories, train_on_trajectories
+from mem1_core.teacher import ScriptedTeacher
+from mem1_core.trajectory import Action, turn_paths
+from mem1_core.tree import flatten
+
+CFG = RolloutConfig()
+
+
+@pytest.fixture(scope="module")
+def env(small_tokenizer, small_index):
+    return QAEnvironment(small_tokenizer, small_index, topk=3)
+
+
+@pytest.mark.parametrize("policy", ["mem1", "full"])
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_teacher_plays_the_format_well_under_both_policies(
+    small_world, small_tokenizer, env, policy, n
+):
+    from mem1_core.compose import compose
+    from mem1_core.qa_data import world_questions
+    from mem1_core.rollout import tasks_from_table
+
+    table, _ = compose(world_questions(small_world.questions).table, n, split="test")
+    tasks = tasks_from_table(table)[:8]
+    trajs = rollout(tasks, ScriptedTeacher(small_tokenizer, tasks), env, CFG, policy=policy)
+    assert all(t.format_errors == 0 and t.done for t in trajs)
+    assert sum(t.reward for t in trajs) / len(trajs) >= 0.9  # retrieval may miss a document
+    for t in trajs:
+        assert t.turns[-1].action is Action.ANSWER
+        assert all(turn.action is Action.QUERY for turn in t.turns[:-1])
+
+
+def test_teacher_state_carries_forward_what_it_found(small_tasks, small_tokenizer, env):
+    tasks = small_tasks[:6]
+    trajs = rollout(tasks, ScriptedTeacher(small_tokenizer, tasks), env, CFG, policy="mem1")
+    for t in trajs:
+        last_state = t.turns[-1].gen_text.split("</IS>")[0]
+        for i, em in enumerate(t.em):
+            if em == 1.0:  # a right answer was in the memory, under its question's number
+                assert f"Q{i + 1}:" in last_state
+
+
+def test_teacher_errs_on_purpose(small_tasks, small_tokenizer, env):
+    tasks = small_tasks[:8]
+    wrong = rollout(tasks, ScriptedTeacher(small_tokenizer, tasks, error_rate=1.0), env, CFG)
+    assert sum(t.reward for t in wrong) / len(wrong) <= 0.2
+
+
+def test_sft_loss_is_the_mean_nll_of_generated_tokens_in_their_real_contexts(
+    small_tasks, small_tokenizer, env
+):
+    trajs = teacher_trajectories(small_tasks[:3], small_tokenizer, env, CFG, policy="mem1")
+    model = build_tiny_model(
+        ModelConfig(
+            hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64
+        ),
+        small_tokenizer,
+    )
+    trees = [flatten(turn_paths(t)) for t in trajs]
+    with torch.no_grad():
+        loss, n = sft_loss(model, trees, small_tokenizer.pad_token_id, "sdpa")
+        ref = torch.cat([lp for t in trajs for lp in per_turn_logprobs(model, turn_paths(t))])
+    assert n == ref.numel() == sum(len(turn.gen_ids) for t in trajs for turn in t.turns)
+    torch.testing.assert_close(loss, -ref.mean(), atol=1e-5, rtol=0)
+
+
+def test_sft_lowers_the_loss_on_teacher_trajectories(small_tasks, small_tokenizer, env):
+    cfg = dataclasses.replace(CFG, policy="mem1")
+    trajs = teacher_trajectories(small_tasks[:16], small_tokenizer, env, cfg, policy="mem1")
+    model = build_tiny_model(
+        ModelConfig(
+            hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64
+        ),
+        small_tokenizer,
+    )
+    trees = [flatten(turn_paths(t)) for t in trajs]
+    with torch.no_grad():
+        before = float(sft_loss(model, trees, small_tokenizer.pad_token_id, "sdpa")[0])
+    result = train_on_trajectories(
+        model,
+        trajs,
+        small_tokenizer.pad_token_id,
+        lr=3e-3,
+        batch_size=8,
+        minutes=5.0,
+        max_steps=30,
+        warmup_steps=3,
+        progress=False,
+    )
+    with torch.no_grad():
+        after = float(sft_loss(model, trees, small_tokenizer.pad_token_id, "sdpa")[0])
+    assert result.steps == 30 and after < before - 1.0
+
+
+def test_learning_rate_schedule():
+    assert lr_at(0.0, 0.1, 1.0) == 0.0
+    assert lr_at(0.05, 0.1, 1.0) == pytest.approx(0.5)
+    assert lr_at(0.1, 0.1, 1.0) == pytest.approx(1.0)
+    assert lr_at(1.0, 0.1, 1.0) == pytest.approx(0.1)
