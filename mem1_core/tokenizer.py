@@ -9,6 +9,7 @@ finds them in token ids without decoding (DESIGN.md §4.1).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -80,8 +81,19 @@ def _chain(*iterables: Iterable[str]) -> Iterable[str]:
 
 
 def load_tokenizer(name_or_path: str | Path) -> PreTrainedTokenizerFast:
-    """A saved tiny tokenizer or any hub tokenizer; MEM1's tags are added as special tokens."""
-    tok = AutoTokenizer.from_pretrained(str(name_or_path))
+    """A saved tiny tokenizer or any hub tokenizer; MEM1's tags are added as special tokens.
+
+    A tiny tokenizer saved next to a Qwen2 model (a policy directory) must not go through
+    AutoTokenizer: it picks the class from the model's config (Qwen2Tokenizer), which
+    replaces our syllable pre-tokenizer with byte-level BPE, silently changing every id."""
+    config = Path(name_or_path) / "tokenizer_config.json"
+    tok = None
+    if config.is_file():
+        cls = json.loads(config.read_text()).get("tokenizer_class")
+        if cls in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+            tok = PreTrainedTokenizerFast.from_pretrained(str(name_or_path))
+    if tok is None:
+        tok = AutoTokenizer.from_pretrained(str(name_or_path))
     add_tags(tok)
     return tok
 

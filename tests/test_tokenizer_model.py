@@ -54,6 +54,14 @@ def test_save_and_load_round_trip_in_safetensors(small_tokenizer, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, model2(ids).logits)
     assert tag_ids(tok2) == tag_ids(small_tokenizer)
+    # the tokenizer read back from a policy directory (beside a Qwen2 config) encodes and
+    # decodes exactly as the one it was saved from, and survives a second save/load
+    text = "Question 1: In which city was Kalo Vesh born in 1874?<IS> Q1: x </IS>"
+    ids = small_tokenizer.encode(text, add_special_tokens=False)
+    assert tok2.encode(text, add_special_tokens=False) == ids
+    assert tok2.decode(ids) == small_tokenizer.decode(ids)
+    save_model(model2, tok2, tmp_path / "m2")
+    assert load_tokenizer(tmp_path / "m2").encode(text, add_special_tokens=False) == ids
 
 
 def test_world_config_default_is_the_tiny_profile():
