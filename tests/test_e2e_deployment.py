@@ -21,6 +21,7 @@ from pathlib import Path
 from uuid import UUID
 
 import httpx
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -36,7 +37,8 @@ from flows.pipeline import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-E2E_TIMEOUT_S = 180
+# Every stage of the smoke pipeline (two PPO runs on Ray included): ~4 min on a busy 2-core box.
+E2E_TIMEOUT_S = 600
 
 
 # ---- fast tests ---------------------------------------------------------------------------
@@ -285,6 +287,19 @@ def test_train_eval_deployment_runs_on_a_worker(deployed, tmp_path):
         rows = pq.read_table(path).num_rows
         assert summary["headline"]["compose-tasks"][f"{path.stem} tasks"] == rows
     assert (run_dir / "summary.md").read_text().startswith("# mem1 run `e2e` — completed")
+    # every stage left its files: the evaluation table and plots, the ablation plots
+    for rel in ("eval/metrics.csv", "eval/metrics.parquet", "eval/peak_tokens.png", "eval/em.png",
+                "ablation/rl_vs_sft.png", "ablation/reward_curve.png", "warm_start/policy"):
+        assert (run_dir / rel).exists(), rel
+    agents = set(pd.read_csv(run_dir / "eval" / "metrics.csv")["agent"])
+    assert {"warm-start", "mem1-ppo", "mem1-sft", "full-ppo", "truncate-ppo", "teacher"} <= agents
+    # the nightly evaluation finds the newest checkpoint of this run and evaluates it
+    from flows.pipeline import nightly_eval
+
+    nightly = nightly_eval.fn(runs_root=str(runs_root), profile="smoke")
+    assert nightly["evaluated"] and "/e2e/ppo_" in nightly["checkpoint"]
+    assert (Path(nightly["out"]) / "metrics.csv").exists()
+    assert {r["N"] for r in nightly["headline"]} == {1, 2, 4}
 
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
 
