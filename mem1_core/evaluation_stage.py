@@ -31,7 +31,10 @@ def run_objective_scaling(
     built = [Agent(name, memory, load_model(path, cfg.model, tok)) for name, path, memory in agents]
     if teacher:
         every = [t for ts in tasks_by_n.values() for t in ts]
+        # the teacher as a reference row under both memories: its peak tokens show what each
+        # memory costs when the play is perfect
         built.append(Agent("teacher", "mem1", None, ScriptedTeacher(tok, every)))
+        built.append(Agent("teacher-full", "full", None, ScriptedTeacher(tok, every)))
     out = Path(out_dir)
     table = evaluate_scaling(built, tok, env, tasks_by_n, cfg.rollout, out, progress=progress)
     plots = scaling_plots(table, out)
@@ -39,6 +42,8 @@ def run_objective_scaling(
     mem1 = next((n for n in names if n.startswith("mem1")), None)
     full = next((n for n, p in names.items() if p == "full"), None)
     rat = ratios(table, mem1, full) if mem1 and full else {}
+    if teacher:
+        rat |= {f"teacher_{k}": v for k, v in ratios(table, "teacher", "teacher-full").items()}
     result = {
         "headline": headline(table),
         "ratios": rat,
