@@ -69,7 +69,7 @@ class DataConfig(_Section):
     """`per_source` (consecutive questions of one source, as the paper) or `mixed`."""
     seed: int = 0
     max_train_tasks: int | None = None
-    max_eval_tasks: int | None = 64
+    max_eval_tasks: int | None = 16
 
     def __post_init__(self) -> None:
         if self.source not in ("world", "hotpotqa", "nq", "hotpotqa+nq"):
@@ -187,10 +187,10 @@ class SFTConfig(_Section):
     """N of the teacher trajectories of the warm start (the tag format, and `;` between the
     answers of several questions: from N=1 alone the tiny model does not generalise to N=2,
     measured 1/32 tasks at N=2, so PPO would start with no reward at all)."""
-    warm_start_minutes: float = 4.0
+    warm_start_minutes: float = 20.0
     """Wall-clock budget of the warm start; `warm_start_steps` caps it too."""
     warm_start_steps: int = 100000
-    minutes: float = 4.0
+    minutes: float = 8.0
     """Budget of the SFT arm of the ablation (on train_objectives-objective tasks)."""
     steps: int = 100000
     lr: float = 2e-3
@@ -207,8 +207,8 @@ class SFTConfig(_Section):
 class PPOConfig(_Section):
     """PPO / GRPO over masked trajectories (the paper's defaults where they apply)."""
 
-    iterations: int = 40
-    minutes: float = 6.0
+    iterations: int = 1000
+    minutes: float = 8.0
     """Wall-clock budget; whichever of iterations / minutes ends first."""
     tasks_per_iteration: int = 32
     samples_per_task: int = 1
