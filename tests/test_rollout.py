@@ -182,3 +182,17 @@ def test_invalid_turn_gets_a_format_info_and_the_last_turn_must_answer(env, smal
     assert "[HINT] This is your last turn: answer now." in traj.turns[1].info_text
     assert len(traj.turns) == 3 and traj.turns[2].info_ids == []
     assert traj.done and traj.reward == 0.0 and traj.format_errors == 1
+
+
+def test_cli_rollout_of_the_untrained_model_writes_trajectories(tmp_path, capsys):
+    import json
+
+    from mem1_core.cli import main
+
+    out = tmp_path / "t.parquet"
+    assert main(["rollout", "--profile", "smoke", "--run", str(tmp_path / "run"), "-n", "2",
+                 "--tasks", "3", "--out", str(out)]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    trajs = read_trajectories(out)
+    assert report["tasks"] == len(trajs) == 3 and all(t.done for t in trajs)
+    assert all(t.n_objectives == 2 for t in trajs)
