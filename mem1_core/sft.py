@@ -208,6 +208,8 @@ def train_sft(
         lines.append(json.dumps(row))
         io.write_text("\n".join(lines) + "\n", out / "metrics.jsonl")
 
+    if minutes is None:
+        minutes = cfg.sft.warm_start_minutes if warm_start else cfg.sft.minutes
     before = eval_fn()
     result = train_on_trajectories(
         model,
@@ -215,9 +217,7 @@ def train_sft(
         tok.pad_token_id,
         lr=cfg.sft.lr,
         batch_size=cfg.sft.batch_size,
-        minutes=minutes
-        if minutes is not None
-        else (cfg.sft.warm_start_minutes if warm_start else cfg.sft.minutes),
+        minutes=minutes,
         max_steps=steps
         if steps is not None
         else (cfg.sft.warm_start_steps if warm_start else cfg.sft.steps),
@@ -227,7 +227,7 @@ def train_sft(
         attn=cfg.model.attn,
         seed=cfg.model.seed,
         eval_fn=eval_fn,
-        eval_every_minutes=max(0.5, (minutes or cfg.sft.minutes) / 4),
+        eval_every_minutes=max(0.5, minutes / 4),  # four points on the held-out curve
         log=log,
         progress=progress,
     )
