@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.context import FlowRunContext
 
 from mem1_core.config import Config, load_config
 
@@ -25,9 +26,17 @@ def _key(key: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in key.lower()).strip("-")
 
 
+def in_flow_run() -> bool:
+    return FlowRunContext.get() is not None
+
+
+# Outside a flow run (a unit test calling a flow's `.fn()`) there is no run to attach an
+# artifact to: publishing is then a no-op, here, for every flow.
 def publish_table(key: str, rows: list[dict[str, Any]], description: str) -> None:
-    create_table_artifact(key=_key(key), table=rows, description=description)
+    if in_flow_run():
+        create_table_artifact(key=_key(key), table=rows, description=description)
 
 
 def publish_markdown(key: str, markdown: str, description: str) -> None:
-    create_markdown_artifact(key=_key(key), markdown=markdown, description=description)
+    if in_flow_run():
+        create_markdown_artifact(key=_key(key), markdown=markdown, description=description)

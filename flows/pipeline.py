@@ -255,16 +255,6 @@ def render_summary(summary: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _in_flow_run() -> bool:
-    return FlowRunContext.get() is not None
-
-
-def _publish_markdown(key: str, markdown: str, description: str) -> None:
-    # Outside a flow run (a unit test calling `.fn()`), there is no run to attach it to.
-    if _in_flow_run():
-        publish_markdown(key, markdown, description)
-
-
 def _label_flow_run(run_name: str, profile: str) -> None:
     """Name the flow run after its run directory, so the UI's run list shows it."""
     ctx = FlowRunContext.get()
@@ -303,7 +293,7 @@ def mem1(
     )
     _label_flow_run(run_name, profile)
     print(f"run directory: {run_dir}")
-    _publish_markdown(
+    publish_markdown(
         RUN_DIR_KEY,
         f"# mem1 run `{run_name}`\n\nEverything this run writes (tasks, indexes, "
         f"checkpoints, Parquet, plots) is under\n\n`{run_dir}`\n",
@@ -347,8 +337,8 @@ def mem1(
         markdown = render_summary(summary)
         write_json(summary, run_dir / "summary.json")
         write_text(markdown, run_dir / "summary.md")
-        _publish_markdown(SUMMARY_KEY, markdown, f"Summary of mem1 run {run_name}")
-        if summary["headline_rows"] and _in_flow_run():
+        publish_markdown(SUMMARY_KEY, markdown, f"Summary of mem1 run {run_name}")
+        if summary["headline_rows"]:
             publish_table(HEADLINE_KEY, summary["headline_rows"], f"Headline of run {run_name}")
     return {
         k: summary[k]
@@ -392,7 +382,7 @@ def nightly_eval(runs_root: str | None = None, profile: str = "tiny") -> dict[st
     if checkpoint is None:
         text = f"No checkpoint under `{root}` (looked in `*/{CHECKPOINTS}/`): nothing to evaluate."
         print(text)
-        _publish_markdown(
+        publish_markdown(
             NIGHTLY_KEY, f"# mem1 nightly evaluation\n\n{text}\n", "Nightly evaluation"
         )
         return {"runs_root": str(root), "checkpoint": None, "evaluated": False}
@@ -406,13 +396,12 @@ def nightly_eval(runs_root: str | None = None, profile: str = "tiny") -> dict[st
         cfg, run_dir, out, [(checkpoint.name, str(policy), memory)], teacher=False, progress=False
     )
     rows = result["headline"]
-    if _in_flow_run():
-        publish_table(NIGHTLY_KEY + "-table", rows, f"Nightly evaluation of {checkpoint}")
+    publish_table(NIGHTLY_KEY + "-table", rows, f"Nightly evaluation of {checkpoint}")
     text = f"Checkpoint `{checkpoint}` evaluated under `{memory}` into `{out}`.\n\n" + "\n".join(
         f"- N={r['N']}: EM {r['em_sum']}, peak tokens {r['peak_tokens']}" for r in rows
     )
     print(text)
-    _publish_markdown(NIGHTLY_KEY, f"# mem1 nightly evaluation\n\n{text}\n", "Nightly evaluation")
+    publish_markdown(NIGHTLY_KEY, f"# mem1 nightly evaluation\n\n{text}\n", "Nightly evaluation")
     return {
         "runs_root": str(root),
         "checkpoint": str(checkpoint),

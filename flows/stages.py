@@ -33,22 +33,6 @@ WARM, PPO_MEM1, PPO_FULL, SFT_MEM1, EVAL, ABLATION = (
 )
 
 
-def _in_run() -> bool:
-    from prefect.context import FlowRunContext
-
-    return FlowRunContext.get() is not None
-
-
-def _table(key: str, rows: list[dict], description: str) -> None:
-    if _in_run() and rows:
-        publish_table(key, rows, description)
-
-
-def _markdown(key: str, text: str, description: str) -> None:
-    if _in_run():
-        publish_markdown(key, text, description)
-
-
 def _with_policy(cfg: Config, policy: str) -> Config:
     return dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, policy=policy))
 
@@ -67,7 +51,7 @@ def warm_start(
     root = Path(run_dir)
     out = root / WARM
     result = train_sft(cfg, out, warm_start=True, assets_dir=root, resume=True, progress=False)
-    _table(
+    publish_table(
         "warm-start",
         [{"metric": k, "value": v} for k, v in result.items() if isinstance(v, (int, float))],
         f"warm start in {out}",
@@ -89,7 +73,7 @@ def train_ppo_mem1(
     root = Path(run_dir)
     out = root / (PPO_MEM1 if policy == "mem1" else PPO_FULL)
     result = train_rl(cfg, out, estimator="gae", resume=_resume(out), init=root / WARM, show=False)
-    _table(
+    publish_table(
         f"ppo-{policy}",
         [
             {"metric": k, "value": v}
@@ -151,9 +135,11 @@ def evaluate_objective_scaling(
     result = run_objective_scaling(
         cfg, root, root / EVAL, agents_of(root), teacher=True, progress=False
     )
-    _table("objective-scaling", result["headline"], f"EM and peak tokens per N, {root / EVAL}")
+    publish_table(
+        "objective-scaling", result["headline"], f"EM and peak tokens per N, {root / EVAL}"
+    )
     plots = "\n".join(f"- {k}: `{v}`" for k, v in result["plots"].items())
-    _markdown(
+    publish_markdown(
         "objective-scaling-plots",
         f"# Objective scaling\n\nTable: `{result['table']}`\n\nPlots (PNG):\n{plots}\n\n"
         f"Ratios: {result['ratios']}\n",
@@ -202,6 +188,9 @@ def ablation_summary(run_dir: str) -> dict[str, Any]:
         for r in arms.itertuples()
     ]
     io.write_json(rows, out / "rl_vs_sft.json")
-    _table("rl-vs-sft", rows, "RL vs SFT across N (EM)")
-    _markdown("rl-vs-sft-plots", f"# RL vs SFT\n\n- `{plot}`\n- `{curves}`\n", "ablation plots")
+    if rows:
+        publish_table("rl-vs-sft", rows, "RL vs SFT across N (EM)")
+    publish_markdown(
+        "rl-vs-sft-plots", f"# RL vs SFT\n\n- `{plot}`\n- `{curves}`\n", "ablation plots"
+    )
     return {"rows": rows, "plots": [str(plot), str(curves)]}

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, task
-from prefect.context import FlowRunContext
 
 from flows.common import build_config, publish_table, run_dir
 from mem1_core.config import Config
@@ -52,9 +51,6 @@ def curve_rows(out: Path) -> list[dict[str, Any]]:
 
 
 def publish_results(name: str, out: Path, result: dict[str, Any]) -> None:
-    # Outside a flow run (a unit test calling `.fn()`) there is no run to attach them to.
-    if FlowRunContext.get() is None:
-        return
     publish_table(
         f"{name}-final",
         final_metrics_rows(result.get("metrics", {})),
