@@ -2,14 +2,18 @@
 
 For each (memory policy, number of turns) it builds a batch of synthetic trajectories with
 realistic segment lengths (the tiny profile at 2 objectives: prompt ~250 tokens, generated
-turn ~40, info block ~120), runs a tiny Qwen2 model once over the flattened tree (dense
-boolean mask under sdpa; BlockMask under FlexAttention where it runs) and compares with
-the per-turn definition (`per_turn_logprobs`) and with a per-turn batched baseline.
+turn ~40, info block ~120), runs a tiny Qwen2 model over the tree and compares with the
+per-turn definition (`per_turn_logprobs`) and with a per-turn batched baseline. The tree
+runs three ways (logprobs.tree_hidden): `flat` is what training runs, `forward_tree` with
+no prebuilt mask, i.e. the shared-prefix forward under sdpa with its plan built inside the
+timed call; `dense` is one pass with the prebuilt (B, 1, L, L) boolean mask; `flex` one pass
+with a BlockMask where FlexAttention runs.
 
 Baseline (the fair one): every turn's context + generation as its own sequence, as a
 trainer without the tree would do; all turns of all trajectories sorted by length and cut
 into micro-batches of as many rows as the tree batch has, right-padded, so neither side
-pays much padding and both run the same number of rows per forward.
+pays much padding. Both sides project to the vocabulary only the hidden states that
+predict a generated token (what a trainer needs), so neither pays for (L, V) logits.
 """
 
 from __future__ import annotations
@@ -24,7 +28,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mem1_core.logprobs import forward_tree, per_turn_logprobs, tree_attention_mask
+from mem1_core.logprobs import (
+    forward_tree,
+    per_turn_logprobs,
+    shared_prefix_plan,
+    tree_attention_mask,
+)
 from mem1_core.tree import FlatBatch, Segment, collate, flatten
 
 Paths = list[list[Segment]]
@@ -65,6 +74,9 @@ POLICIES: dict[str, Callable[[list[int], list[list[int]], list[list[int]]], Path
 }
 
 
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
 @dataclass(frozen=True)
 class TrajectoryBenchConfig:
     """What to measure and on which synthetic trajectories and model."""
@@ -96,6 +108,9 @@ class TrajectoryBenchConfig:
     seed: int = 0
     threads: int | None = None
     """torch intra-op threads (None: torch's default); 1 gives steadier ratios under load."""
+    clock: str = "wall"
+    """"wall" (perf_counter) or "cpu" (this process's CPU time: waiting for a core shared
+    with other jobs is not counted; meaningful with threads=1, where it is one thread's)."""
 
     def __post_init__(self) -> None:
         unknown = set(self.policies) - POLICIES.keys()
@@ -105,6 +120,8 @@ class TrajectoryBenchConfig:
             raise ValueError("turns, trajectories and repeats must all be >= 1")
         if min(self.prompt_len, self.gen_len, self.info_len) < 1 or not 0 <= self.jitter < 1:
             raise ValueError("segment lengths must be >= 1 and jitter in [0, 1)")
+        if self.clock not in CLOCKS:
+            raise ValueError(f"clock must be one of {sorted(CLOCKS)}, got {self.clock!r}")
 
 
 def tiny_qwen2(cfg: TrajectoryBenchConfig, attn: str = "sdpa") -> nn.Module:
@@ -143,11 +160,18 @@ def synthetic_trajectories(cfg: TrajectoryBenchConfig, policy: str, turns: int) 
 
 
 def per_turn_batched_logprobs(
-    model: nn.Module, seqs: Sequence[Sequence[int]], rows: int, pad_id: int
+    model: nn.Module,
+    seqs: Sequence[Sequence[int]],
+    gen_lens: Sequence[int],
+    rows: int,
+    pad_id: int,
 ) -> list[Tensor]:
-    """The baseline: each sequence alone, length-sorted micro-batches of `rows`, right
-    padding. -> per sequence, (len - 1,) log-probs of tokens 1..len-1."""
+    """The baseline: each sequence (context + generation) alone, length-sorted
+    micro-batches of `rows`, right padding; the LM head runs only on the hidden states that
+    predict a generated token. -> per sequence, the (gen_len,) log-probs of its generated
+    tokens (0 for a first token with no context), as `per_turn_logprobs`."""
     device = next(model.parameters()).device
+    decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
     out: list[Tensor] = [torch.empty(0)] * len(seqs)
     for start in range(0, len(order), rows):
@@ -155,28 +179,40 @@ def per_turn_batched_logprobs(
         length = max(len(seqs[i]) for i in chunk)
         ids = torch.full((len(chunk), length), pad_id, dtype=torch.long, device=device)
         attn = torch.zeros_like(ids)
+        at_row, at_col, counts = [], [], []  # the predicting position of each generated token
         for r, i in enumerate(chunk):
-            ids[r, : len(seqs[i])] = torch.tensor(seqs[i], device=device)
-            attn[r, : len(seqs[i])] = 1
-        logp = F.log_softmax(model(input_ids=ids, attention_mask=attn, use_cache=False).logits, -1)
-        tok = logp[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
-        for r, i in enumerate(chunk):
-            out[i] = tok[r, : len(seqs[i]) - 1]
+            n, c = len(seqs[i]), len(seqs[i]) - gen_lens[i]
+            ids[r, :n] = torch.tensor(seqs[i], device=device)
+            attn[r, :n] = 1
+            at_row += [r] * (n - max(c, 1))
+            at_col += range(max(c, 1) - 1, n - 1)
+            counts.append(n - max(c, 1))
+        hidden = decoder(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
+        rr = torch.tensor(at_row, dtype=torch.long, device=device)
+        cc = torch.tensor(at_col, dtype=torch.long, device=device)
+        logp = F.log_softmax(lm_head(hidden[rr, cc]).float(), -1)
+        logp = logp.gather(-1, ids[rr, cc + 1, None])[:, 0]
+        for i, lp in zip(chunk, logp.split(counts), strict=True):
+            # With no context, the first generated token has no predecessor: 0, as defined.
+            out[i] = torch.cat([lp.new_zeros(1), lp]) if gen_lens[i] == len(seqs[i]) else lp
     return out
 
 
-def _best_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+def _best_times(
+    fns: dict[str, Callable[[], object]], repeats: int, clock: str = "wall"
+) -> dict[str, float]:
     """Best of `repeats` timed calls of each fn, after one warm-up call (and, for flex,
     compile). Calls are interleaved, so load from other processes on a shared machine hits
     every variant alike, and the minimum is the estimate least disturbed by it."""
+    now = CLOCKS[clock]
     for fn in fns.values():
         fn()
     best = dict.fromkeys(fns, float("inf"))
     for _ in range(repeats):
         for name, fn in fns.items():
-            t0 = time.perf_counter()
+            t0 = now()
             fn()
-            best[name] = min(best[name], time.perf_counter() - t0)
+            best[name] = min(best[name], now() - t0)
     return best
 
 
@@ -204,6 +240,19 @@ def _block_mask_bytes(bm: object) -> int:
     )
 
 
+def _plan_row(batch: FlatBatch) -> dict:
+    """Shape of the shared-prefix forward: tokens it runs (padding included) and its masks."""
+    plan = shared_prefix_plan(batch, "sdpa", torch.float32)
+    split = plan.split
+    slots = split.trunk_lens.numel() * split.trunk_width + sum(x.numel() for x in split.rows)
+    return {
+        "flat_slots": slots,
+        "trunk_width": split.trunk_width,
+        "branch_rows": [list(x.shape) for x in split.rows],
+        "prefix_mask_bytes": sum(m.numel() * m.element_size() for m in plan.branch_masks),
+    }
+
+
 @torch.inference_mode()
 def bench_one(
     cfg: TrajectoryBenchConfig,
@@ -219,11 +268,16 @@ def bench_one(
     batch = collate([flatten(p) for p in trajs], pad_id=pad_id, pad_to_multiple=128)
     refs = [per_turn_logprobs(model, p) for p in trajs]
     seqs = [[i for s in path for i in s.ids] for p in trajs for path in p]
+    gen_lens = [len(path[-1].ids) for p in trajs for path in p]
     dense = tree_attention_mask(batch, "sdpa", torch.float32)
+    gap = _max_gap(forward_tree(model, batch).logprobs, batch, refs)
     gap_dense = _max_gap(forward_tree(model, batch, mask=dense).logprobs, batch, refs)
     timed = {
-        "flat": lambda: forward_tree(model, batch, mask=dense),
-        "per_turn": lambda: per_turn_batched_logprobs(model, seqs, cfg.trajectories, pad_id),
+        "flat": lambda: forward_tree(model, batch),  # as training runs it: plan built inside
+        "dense": lambda: forward_tree(model, batch, mask=dense),
+        "per_turn": lambda: per_turn_batched_logprobs(
+            model, seqs, gen_lens, cfg.trajectories, pad_id
+        ),
     }
     flex: dict = {"max_abs_dlogp_flex": None}
     if flex_model is not None:
@@ -236,12 +290,13 @@ def bench_one(
             timed["flex"] = lambda: forward_tree(flex_model, batch, mask=bm)
         except Exception as e:  # a backend that cannot compile flex: report it, keep going
             flex["flex_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-    times = _best_times(timed, cfg.repeats)
+    times = _best_times(timed, cfg.repeats, cfg.clock)
     flat_tokens, turn_tokens = int(batch.seq_lens.sum()), sum(len(s) for s in seqs)
     row = {
         "policy": policy,
         "turns": turns,
         "trajectories": cfg.trajectories,
+        "max_abs_dlogp": gap,
         "max_abs_dlogp_dense": gap_dense,
         **flex,
         "flat_tokens": flat_tokens,
@@ -250,6 +305,11 @@ def bench_one(
         "flat_time_s": times["flat"],
         "per_turn_time_s": times["per_turn"],
         "time_ratio": times["flat"] / times["per_turn"],
+        "clock": cfg.clock,
+        "dense_time_s": times["dense"],
+        "dense_time_ratio": times["dense"] / times["per_turn"],
+        **_plan_row(batch),
+        "per_turn_slots": _per_turn_slots([len(x) for x in seqs], cfg.trajectories),
         "dense_mask_bytes": dense.numel() * dense.element_size(),
         "flat_len": batch.input_ids.shape[1],
         "max_position": int(batch.position_ids.max()),
@@ -259,6 +319,14 @@ def bench_one(
         row["flex_time_s"] = times["flex"]
         row["flex_time_ratio"] = times["flex"] / times["per_turn"]
     return row
+
+
+def _per_turn_slots(lengths: list[int], rows: int) -> int:
+    """Tokens the baseline runs, padding included (its length-sorted micro-batches)."""
+    lengths = sorted(lengths)
+    return sum(
+        len(c) * max(c) for c in (lengths[i : i + rows] for i in range(0, len(lengths), rows))
+    )
 
 
 def run_trajectory_bench(

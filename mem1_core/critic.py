@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from transformers import AutoModel, PreTrainedModel
 
-from mem1_core.logprobs import Attn, _static_flex_shapes, tree_attention_mask, use_attention
+from mem1_core.logprobs import Attn, tree_hidden
 from mem1_core.model import DTYPES
 from mem1_core.tree import FlatBatch
 
@@ -52,16 +52,9 @@ class Critic(nn.Module):
     ) -> Tensor:
         """Values over a flattened tree. batch: (B, L) -> (B, L) float32: the value of the
         context before each token (read at prev_index); 0 where a token has none."""
-        attn = use_attention(self.backbone, attn)
-        if mask is None:
-            mask = tree_attention_mask(batch, attn, next(self.backbone.parameters()).dtype)
-        with _static_flex_shapes(attn, batch.input_ids.device):
-            hidden = self.backbone(
-                input_ids=batch.input_ids,
-                attention_mask=mask,
-                position_ids=batch.position_ids,
-                use_cache=False,
-            ).last_hidden_state
+        # The same forward as the policy's (mem1_core.logprobs.tree_hidden): the shared
+        # prefix under sdpa/eager, one pass with a BlockMask under flex or a given mask.
+        hidden = tree_hidden(self.backbone, batch, attn, mask=mask)
         index = batch.prev_index.clamp(min=0)[..., None].expand(-1, -1, hidden.shape[-1])
         values = self.value_head(hidden.gather(1, index).float()).squeeze(-1)
         return torch.where(batch.prev_index >= 0, values, torch.zeros_like(values))

@@ -10,8 +10,10 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from mem1_core.logprobs import (
+    PrefixPlan,
     forward_tree,
     per_turn_logprobs,
+    shared_prefix_plan,
     token_logprobs,
     tree_attention_mask,
 )
@@ -190,12 +192,15 @@ def test_entropy_and_hidden_and_padding_invariance(models) -> None:
     assert (out.entropy[batch.prev_index < 0] == 0).all()
 
 
-def test_gradients_equal_per_turn_sum(models) -> None:
+@pytest.mark.parametrize("forward", ["shared_prefix", "one_pass"])
+def test_gradients_equal_per_turn_sum(models, forward: str) -> None:
     # The PPO gradient: d/dθ of the summed generated log-probs, tree vs per-turn contexts.
-    trajs = trajectories(3, [("full", 3), ("mem1", 3)])
+    # Through the shared prefix it flows back into the trunk through the cached keys/values.
+    trajs = trajectories(3, [("full", 3), ("mem1", 3), ("branchy", 3)])
     batch = collate([flatten(p) for p in trajs], pad_id=VOCAB - 1)
     model = tiny_model("sdpa", models["state"])
-    logp = token_logprobs(model, batch)
+    mask = None if forward == "shared_prefix" else tree_attention_mask(batch, "sdpa", torch.float32)
+    logp = forward_tree(model, batch, mask=mask).logprobs
     (logp * batch.loss_mask).sum().backward()
     tree_grads = {k: v.grad.clone() for k, v in model.named_parameters()}
     model.zero_grad()
@@ -209,6 +214,87 @@ def test_gradients_equal_per_turn_sum(models) -> None:
     total.backward()
     for k, v in model.named_parameters():
         assert torch.allclose(tree_grads[k], v.grad, atol=1e-4, rtol=1e-4), k
+
+
+def forest_paths(p, gens, infos) -> list[list[Segment]]:
+    """No shared root (the shared prefix is empty): each turn under one of two notes."""
+    note = {0: seg("X", infos[0]), 1: seg("Y", infos[1])}
+    return [[note[t % 2], seg(("gen", t), gens[t], True)] for t in range(len(gens))]
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_shared_prefix_and_one_pass_agree_on_every_token(models, attn: str) -> None:
+    # The two-stage forward (default) against the one pass with the dense tree mask, on
+    # every token's log-prob, entropy and hidden state (trunk, branch rows, packed rows),
+    # in a batch mixing chains, stars, a forest and padding.
+    trajs = trajectories(7, MIXED)
+    rng = random.Random(7)
+    ids = lambda n: [rng.randrange(VOCAB - 1) for _ in range(n)]  # noqa: E731
+    trajs.append(forest_paths(None, [ids(4), ids(3), ids(5)], [ids(6), ids(2)]))
+    batch = collate([flatten(p) for p in trajs], pad_id=VOCAB - 1, pad_to_multiple=16)
+    model = models[attn]
+    every = batch.prev_index >= 0
+    plan = shared_prefix_plan(batch, attn, torch.float32)
+    assert plan.split.trunk_lens[-1] == 0 and len(plan.split.rows) >= 1
+    with torch.no_grad():
+        one = forward_tree(
+            model,
+            batch,
+            mask=tree_attention_mask(batch, attn, torch.float32),
+            with_entropy=True,
+            positions=every,
+        )
+        two = forward_tree(model, batch, mask=plan, with_entropy=True, positions=every)
+    real = torch.arange(batch.input_ids.shape[1]) < batch.seq_lens[:, None]
+    assert (one.logprobs - two.logprobs).abs().max() <= TOL
+    assert (one.entropy - two.entropy).abs().max() <= TOL
+    assert (one.hidden - two.hidden)[real].abs().max() <= TOL
+    ref = lambda paths: per_turn_logprobs(models["sdpa"], paths)  # noqa: E731
+    assert max_gap(two.logprobs, batch, trajs, ref) <= TOL
+
+
+def test_logprobs_only_where_asked(models) -> None:
+    # The trainer reads generated tokens only: by default only they go through the LM head.
+    trajs = trajectories(8, [("mem1", 3), ("full", 2)])
+    batch = collate([flatten(p) for p in trajs], pad_id=VOCAB - 1)
+    model = models["sdpa"]
+    with torch.no_grad():
+        default = forward_tree(model, batch, with_entropy=True)
+        every = forward_tree(model, batch, with_entropy=True, positions=batch.prev_index >= 0)
+    gen = batch.loss_mask
+    assert (default.logprobs[~gen] == 0).all() and (default.entropy[~gen] == 0).all()
+    assert torch.equal(default.logprobs[gen], every.logprobs[gen])
+    assert torch.equal(default.entropy[gen], every.entropy[gen])
+    assert (every.logprobs[~gen & (batch.prev_index >= 0)] != 0).all()
+
+
+def test_gradient_checkpointing_falls_back_to_one_pass(models) -> None:
+    # Checkpointed layers run without the KV cache the two stages share: with no mask given
+    # the tree then runs in one pass (still exact); a prebuilt plan is refused, not ignored.
+    trajs = trajectories(10, [("mem1", 3), ("truncate", 4)])
+    batch = collate([flatten(p) for p in trajs], pad_id=VOCAB - 1)
+    model = tiny_model("sdpa", models["state"])
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    model.train()  # no dropout in the tiny config: train mode computes the same function
+    logp = forward_tree(model, batch).logprobs
+    (logp * batch.loss_mask).sum().backward()
+    ref = lambda paths: per_turn_logprobs(models["sdpa"], paths)  # noqa: E731
+    assert max_gap(logp.detach(), batch, trajs, ref) <= TOL
+    assert all(p.grad is not None for p in model.parameters())
+    with pytest.raises(ValueError, match="checkpointing"):
+        forward_tree(model, batch, mask=shared_prefix_plan(batch, "sdpa", torch.float32))
+    with torch.no_grad():  # no backward, no replay: the cache is kept, the plan is fine
+        plan = forward_tree(model, batch, mask=shared_prefix_plan(batch, "sdpa", torch.float32))
+    assert max_gap(plan.logprobs, batch, trajs, ref) <= TOL
+
+
+def test_prebuilt_plan_is_reusable_and_flex_has_none() -> None:
+    trajs = trajectories(9, [("mem1", 3)])
+    batch = collate([flatten(p) for p in trajs], pad_id=VOCAB - 1)
+    plan = shared_prefix_plan(batch, "sdpa", torch.float32)
+    assert isinstance(plan, PrefixPlan) and plan.branch_masks[0].dtype == torch.float32
+    with pytest.raises(ValueError, match="one pass"):
+        shared_prefix_plan(batch, "flex_attention", torch.float32)
 
 
 @pytest.mark.slow
@@ -225,20 +311,38 @@ def test_flex_attention_forward_on_cpu(models) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_flex_attention_forward_and_backward_on_cuda(models) -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_flex_attention_forward_and_backward_on_cuda(models, dtype) -> None:
+    # The GPU training path (issue #7): FlexAttention with the tree's BlockMask, forward and
+    # backward, against the dense boolean mask under sdpa. float32: to float tolerance; bf16:
+    # flex is no further from the float32 definition than the dense path is, and its
+    # gradients agree with the dense path's to bf16 precision. L is bucketed to the block.
+    torch.backends.cuda.matmul.allow_tf32 = False
     trajs = trajectories(5, MIXED)
-    batch = collate([flatten(p) for p in trajs], pad_id=VOCAB - 1).to("cuda")
+    batch = collate([flatten(p) for p in trajs], pad_id=VOCAB - 1, pad_to_multiple=128)
     grads, logps = {}, {}
     for attn in ("sdpa", "flex_attention"):
-        model = tiny_model(attn, models["state"]).cuda()
-        logp = token_logprobs(model, batch)
-        (logp * batch.loss_mask).sum().backward()
-        grads[attn] = {k: v.grad for k, v in model.named_parameters()}
+        model = tiny_model(attn, models["state"]).to("cuda", dtype)
+        # One pass with the tree mask (dense for sdpa): the path under test, not the
+        # shared-prefix forward forward_tree picks for sdpa by default.
+        gpu = batch.to("cuda")
+        logp = forward_tree(
+            model, gpu, mask=tree_attention_mask(gpu, attn, dtype), positions=gpu.prev_index >= 0
+        ).logprobs
+        (logp * gpu.loss_mask).sum().backward()
+        grads[attn] = {k: v.grad.float() for k, v in model.named_parameters()}
         logps[attn] = logp.detach().cpu()
     ref = lambda paths: per_turn_logprobs(tiny_model("sdpa", models["state"]), paths)  # noqa: E731
-    assert max_gap(logps["flex_attention"], batch.to("cpu"), trajs, ref) <= 1e-4
+    flex_gap = max_gap(logps["flex_attention"], batch, trajs, ref)
+    if dtype == torch.float32:
+        assert flex_gap <= 1e-4
+        for k, g in grads["sdpa"].items():
+            assert torch.allclose(grads["flex_attention"][k], g, atol=1e-4, rtol=1e-3), k
+        return
+    assert flex_gap <= 2 * max_gap(logps["sdpa"], batch, trajs, ref) + 1e-2
     for k, g in grads["sdpa"].items():
-        assert torch.allclose(grads["flex_attention"][k], g, atol=1e-4, rtol=1e-3), k
+        diff = (grads["flex_attention"][k] - g).abs().max() / g.abs().max().clamp_min(1e-12)
+        assert diff <= 5e-2, (k, float(diff))
 
 
 def test_bench_trajectory_cli_and_its_baseline(tmp_path, capsys) -> None:
@@ -252,26 +356,37 @@ def test_bench_trajectory_cli_and_its_baseline(tmp_path, capsys) -> None:
     )
     from mem1_core.cli import main
 
-    # The timed baseline (length-sorted padded micro-batches) computes the definition too.
+    # The timed baseline (length-sorted padded micro-batches) computes the definition too,
+    # a generated first token with no context included.
     small = dict(vocab_size=100, hidden_size=32, intermediate_size=64)
     cfg = TrajectoryBenchConfig(prompt_len=12, gen_len=5, info_len=7, trajectories=3, **small)
     model = tiny_qwen2(cfg)
     trajs = synthetic_trajectories(cfg, "truncate", 4)
+    trajs.append([[seg(("gen", 0), [5, 6, 7], True)]])
     seqs = [[i for s in path for i in s.ids] for p in trajs for path in p]
-    batched = per_turn_batched_logprobs(model, seqs, rows=3, pad_id=cfg.vocab_size - 1)
+    gens = [len(path[-1].ids) for p in trajs for path in p]
+    with torch.no_grad():
+        batched = per_turn_batched_logprobs(model, seqs, gens, rows=3, pad_id=cfg.vocab_size - 1)
     ref = [lp for p in trajs for lp in per_turn_logprobs(model, p)]
     for got, want in zip(batched, ref, strict=True):
-        assert torch.allclose(got[-len(want) :], want, atol=TOL)
+        assert got.shape == want.shape and torch.allclose(got, want, atol=TOL)
 
     out = tmp_path / "bench.jsonl"
     argv = ["bench", "trajectory", "--turns", "3", "--policies", "mem1", "full"]
     argv += ["--prompt-len", "12", "--gen-len", "5", "--info-len", "7", "--repeats", "1"]
     argv += ["--vocab-size", "100", "--hidden-size", "32", "--intermediate-size", "64"]
+    argv += ["--clock", "cpu"]
     assert main([*argv, "--trajectories", "2", "--no-flex", "--out", str(out)]) == 0
     printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert printed == [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["policy"], r["turns"]) for r in printed] == [("mem1", 3), ("full", 3)]
     for r in printed:
-        assert r["max_abs_dlogp_dense"] <= TOL and r["max_abs_dlogp_flex"] is None
+        assert r["max_abs_dlogp"] <= TOL and r["max_abs_dlogp_dense"] <= TOL
+        assert r["max_abs_dlogp_flex"] is None
         assert r["token_ratio"] == r["flat_tokens"] / r["per_turn_tokens"] < 1
-        assert r["time_ratio"] > 0 and r["dense_mask_bytes"] == 2 * r["flat_len"] ** 2
+        assert r["time_ratio"] > 0 and r["dense_time_ratio"] > 0 and r["clock"] == "cpu"
+        assert r["dense_mask_bytes"] == 2 * r["flat_len"] ** 2
+        assert r["flat_tokens"] <= r["flat_slots"] and r["per_turn_tokens"] <= r["per_turn_slots"]
+    # The full-context tree is one chain: its trunk is everything, with no branch rows.
+    full = printed[1]
+    assert full["branch_rows"] == [] and full["prefix_mask_bytes"] == 0

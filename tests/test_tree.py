@@ -11,10 +11,13 @@ from mem1_core.tree import (
     IGNORE,
     FlatTree,
     Segment,
+    _cut_sorted,
     block_mask,
     collate,
     dense_mask,
     flatten,
+    shared_prefix_masks,
+    split_shared_prefix,
     tree_mask_mod,
 )
 
@@ -223,3 +226,104 @@ def test_invalid_paths_are_rejected() -> None:
         flatten([[p, seg("g0", [3], True)], [seg(PROMPT, [9]), seg("g1", [4], True)]])
     with pytest.raises(ValueError, match="already exists"):
         flatten([[p, seg("g", [3], True)], [p, seg("g", [3], True)]])
+
+
+# ---- shared-prefix split (the two-stage forward of logprobs.tree_hidden) -------------------
+
+
+def extra_paths(kind: str, rng: random.Random, turns: int):
+    """Trees no memory policy makes: `branchy` returns under an earlier note (a branch's
+    tokens are not contiguous in the row); `forest` has no shared root (empty trunk)."""
+
+    def ids(lo, hi):
+        return [rng.randrange(300) for _ in range(rng.randint(lo, hi))]
+
+    notes = [seg("X", ids(3, 6)), seg("Y", ids(3, 6))]
+    head = [seg(PROMPT, ids(5, 9))] if kind == "branchy" else []
+    return [[*head, notes[t % 2], seg(("gen", t), ids(2, 5), True)] for t in range(turns)]
+
+
+def split_batch(pad_to_multiple: int = 8):
+    rng = random.Random(13)
+    paths = [random_traj(rng, pol, t) for pol, t in [*CASES, ("truncate", 2)]]
+    paths += [extra_paths("branchy", rng, 5), extra_paths("forest", rng, 3)]
+    paths.append([[seg(PROMPT, [1, 2]), seg("empty", []), seg(("gen", 0), [3], True)]])
+    return collate([flatten(p) for p in paths], pad_id=0, pad_to_multiple=pad_to_multiple)
+
+
+@pytest.mark.parametrize("call_tokens", [0, 64, 10**6])
+def test_shared_prefix_split_reproduces_the_tree_mask(call_tokens: int) -> None:
+    batch = split_batch()
+    b, length = batch.input_ids.shape
+    split = split_shared_prefix(batch, call_tokens=call_tokens)
+    masks = shared_prefix_masks(batch, split)
+    dense = dense_mask(batch)[:, 0]
+    p, lens = split.trunk_width, split.trunk_lens.tolist()
+    seq_lens = batch.seq_lens.tolist()
+    # The trunk is a prefix chain: plain causal, positions = offsets.
+    for r, n in enumerate(lens):
+        assert torch.equal(dense[r, :n, :n], torch.ones(n, n, dtype=torch.bool).tril())
+        assert batch.position_ids[r, :n].tolist() == list(range(n))
+    assert lens[-2] == 0  # the forest: no shared root, every root's subtree is a branch
+    assert lens[1] == seq_lens[1] > 0  # a full-context chain is all trunk
+    # Every real token is computed exactly once: in its trunk or in one branch-row slot.
+    seen = {r * length + i: ("trunk", r * p + i) for r, n in enumerate(lens) for i in range(n)}
+    offset = b * p
+    for g, (index, row_batch) in enumerate(zip(split.rows, split.row_batch, strict=True)):
+        widths = index.shape[1]
+        mask = masks[g][:, 0]
+        assert mask.shape == (index.shape[0], widths, p + widths)
+        for row, traj in enumerate(row_batch.tolist()):
+            slots = index[row].tolist()
+            real = [f for f in slots if f >= 0]
+            # Real slots first, then padding. Slot order need not be flat order (two
+            # branches of `branchy` interleave in the row); the mask checks below catch
+            # any order that would break causality within a branch.
+            assert slots[: len(real)] == real
+            for s, f in enumerate(slots):
+                if f < 0:
+                    assert mask[row, s, p + s]  # padding sees itself: no empty softmax row
+                    continue
+                assert f not in seen and f // length == traj
+                seen[f] = ("row", offset + row * widths + s)
+                i = f % length
+                # Trunk keys: the trajectory's real trunk, all of it (every branch token
+                # descends from the trunk's end), never the trunk stage's padding.
+                want = torch.arange(p) < lens[traj]
+                assert torch.equal(mask[row, s, :p], want) and dense[traj, i, : lens[traj]].all()
+                # Row keys: exactly the tree mask; nothing the tree mask allows is elsewhere.
+                cols = torch.tensor([x % length if x >= 0 else 0 for x in slots])
+                assert torch.equal(mask[row, s, p:], dense[traj, i, cols] & index[row].ge(0))
+                assert int(mask[row, s].sum()) == int(dense[traj, i].sum())
+        offset += index.numel()
+    assert set(seen) == {r * length + i for r, n in enumerate(seq_lens) for i in range(n)}
+    for f, (_, at) in seen.items():
+        assert split.home.view(-1)[f].item() == at
+    # Groups are length-sorted, each padded only to its own longest row.
+    for index in split.rows:
+        assert int(index.ge(0).sum(1).max()) == index.shape[1]
+    if call_tokens >= 10**6:
+        assert len(split.rows) == 1
+    # The float form is the additive equivalent (0 allowed, finfo.min blocked).
+    for fm, bm in zip(shared_prefix_masks(batch, split, torch.float32), masks, strict=True):
+        assert torch.equal(fm == 0, bm) and (fm[~bm] == torch.finfo(torch.float32).min).all()
+
+
+def test_cut_sorted_is_the_cheapest_contiguous_grouping() -> None:
+    import itertools
+
+    def cost(lengths: list[int], call: int, ends: list[int]) -> int:
+        starts = [0, *ends[:-1]]
+        return sum((e - s) * lengths[s] + call for s, e in zip(starts, ends, strict=True))
+
+    rng = random.Random(2)
+    for _ in range(30):
+        lengths = sorted((rng.randint(1, 40) for _ in range(rng.randint(1, 7))), reverse=True)
+        call, n = rng.choice([0, 5, 30]), len(lengths)
+        best = min(
+            cost(lengths, call, [*cuts, n])
+            for k in range(n)
+            for cuts in itertools.combinations(range(1, n), k)
+        )
+        ends = _cut_sorted(lengths, call)
+        assert ends[-1] == n and cost(lengths, call, ends) == best

@@ -38,6 +38,10 @@ _TRAJECTORY_FLAGS: dict[str, tuple[type, str]] = {
     "repeats": (int, "timed forward passes per measurement (best of)"),
     "seed": (int, "seed of the synthetic trajectories and the model"),
     "threads": (int, "torch intra-op threads (default: torch's)"),
+    "clock": (
+        str,
+        "wall (default) or cpu: process CPU time, steadier on a shared machine (with --threads 1)",
+    ),
 }
 _MANY = {"turns", "policies"}
 
