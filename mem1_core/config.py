@@ -120,6 +120,16 @@ class ModelConfig(_Section):
     attn: str = "sdpa"
     """Attention for the dense path: `sdpa` (boolean masks), `eager` (0/-inf float masks), or
     `flex_attention` (GPU training path, BlockMask)."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass (Hugging Face
+    activation checkpointing, non-reentrant) for the learner's policy and critic: less
+    memory, about a third more compute. Gradient passes then run the tree in one pass with
+    its full mask (the shared-prefix forward hands a KV cache between stages, which a
+    checkpointed layer cannot keep)."""
+    seq_bucket: int | None = None
+    """The learner pads each flattened batch (and micro-batch) to a multiple of this many
+    tokens, so FlexAttention compiles once per bucket, not once per length. None: 128 (the
+    BlockMask block size) under `flex_attention`, 1 otherwise. Padding changes no result."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -129,6 +139,10 @@ class ModelConfig(_Section):
             raise ValueError(f"model.attn={self.attn!r}: use sdpa, eager or flex_attention")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"model.dtype={self.dtype!r}: use float32, bfloat16 or float16")
+        if self.seq_bucket is None:
+            object.__setattr__(self, "seq_bucket", 128 if self.attn == "flex_attention" else 1)
+        if self.seq_bucket < 1:
+            raise ValueError(f"model.seq_bucket={self.seq_bucket}: use an int >= 1 (1: none)")
 
 
 @dataclass(frozen=True)
@@ -149,11 +163,30 @@ class RolloutConfig(_Section):
     """Sampling temperature for training rollouts (evaluation is greedy)."""
     top_p: float = 1.0
     batch_size: int = 64
-    """Trajectories generated together (the KV-cached batch)."""
+    """Trajectories generated together (the KV-cached batch; `hf` only, vLLM schedules its own)."""
+    backend: str = "hf"
+    """Generation engine of the RL rollout workers: `hf` (Hugging Face with a KV cache, runs
+    anywhere), `vllm` (mem1_core.generation_vllm: needs the vLLM venv, docs/gpu.md), or
+    `auto` (vllm where it can be imported, else hf: the `paper` default, so the same profile
+    runs from .venv-vllm with vLLM and from the Prefect venv with Hugging Face)."""
+    gpu_memory_utilization: float = 0.5
+    """`vllm`: the fraction of its GPU's memory the engine takes (weights, activations, KV
+    cache). 0.5 leaves the rest to a learner on the same GPU; raise it when a worker has a GPU
+    of its own."""
 
     def __post_init__(self) -> None:
         if self.policy not in ("mem1", "full", "truncate"):
             raise ValueError(f"rollout.policy={self.policy!r}: use mem1, full or truncate")
+        if self.backend not in ("hf", "vllm", "auto"):
+            raise ValueError(
+                f"rollout.backend={self.backend!r}: use hf (Hugging Face), vllm (needs the "
+                "vLLM venv: ./dev setup-vllm, docs/gpu.md) or auto"
+            )
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"rollout.gpu_memory_utilization={self.gpu_memory_utilization}: use a "
+                "fraction in (0, 1]"
+            )
         if self.turns_base + self.turns_per_objective < 1:
             raise ValueError("the turn budget must be >= 1 at N=1")
         if not 0.0 < self.top_p <= 1.0 or self.temperature < 0.0:
@@ -198,7 +231,16 @@ class SFTConfig(_Section):
     batch_size: int = 16
     """Trajectories per step (each a flattened tree)."""
     n_teacher_tasks: int = 4000
-    """Teacher trajectories generated for SFT (cycled if training runs longer)."""
+    """Teacher trajectories generated for SFT (cycled if training runs longer), spread evenly
+    over the run's world and the `teacher_worlds` extra ones."""
+    teacher_worlds: int = 0
+    """Extra generated worlds (fresh names, train split only) the teacher also plays, so the
+    model cannot memorise entities and must learn to copy (see mem1_core.assets.teacher_world).
+    The world-based sources only; 0 for hub data."""
+    warm_start_context_weight: float = 0.0
+    """Warm start only: weight of a next-token loss on the prompt and <info> tokens of the
+    extra worlds' trajectories (never the run's own world, whose <info> can show held-out
+    entities): the pretraining a base model brings, which teaches copying."""
     weight_decay: float = 0.0
     grad_clip: float = 1.0
 
@@ -239,13 +281,31 @@ class PPOConfig(_Section):
     learner_cpus: float = 1.0
     learner_gpus: float = 0.0
     ray_address: str | None = None
-    """Connect to a running Ray cluster; None starts a local one."""
+    """Connect to a running Ray cluster: `auto` when the run starts on one of its nodes
+    (after `ray start --head` / `ray start --address=HEAD:6379` on each node), or the head's
+    `HOST:6379`; None starts a private local one. Workers and the learner are then placed on
+    any node with the GPUs they ask for, so `--out` must be on a filesystem every node sees."""
+    learner_strategy: str = "single"
+    """`single`: the learner is one process on one device, its weights in `model.dtype`.
+    `fsdp`: `learner_gpus` learner ranks, one GPU each, shard policy, reference and critic
+    with FSDP2 (float32 master weights, compute in `model.dtype`) and split every minibatch
+    between them. The sharding is mem1_core.fsdp (tested); the trainer does not drive
+    several ranks yet, so a run refuses `fsdp` for now (mem1_core.ray_runtime)."""
 
     def __post_init__(self) -> None:
         if self.minibatch_size % self.micro_batch_size:
             raise ValueError("ppo.minibatch_size must be a multiple of ppo.micro_batch_size")
         if self.kl_kind not in ("k1", "k2", "k3"):
             raise ValueError("ppo.kl_kind: use k1, k2 or k3")
+        if self.learner_strategy not in ("single", "fsdp"):
+            raise ValueError(f"ppo.learner_strategy={self.learner_strategy!r}: use single or fsdp")
+        if self.learner_strategy == "fsdp" and (
+            self.learner_gpus < 1 or not float(self.learner_gpus).is_integer()
+        ):
+            raise ValueError(
+                "ppo.learner_strategy=fsdp runs one learner process per GPU: set ppo.learner_gpus "
+                f"to a whole number >= 1 (got {self.learner_gpus})"
+            )
 
 
 @dataclass(frozen=True)
@@ -302,8 +362,21 @@ PROFILES: dict[str, dict[str, Any]] = {
     "paper": {
         "data": {"source": "hotpotqa+nq", "max_eval_tasks": 128},
         "retrieval": {"kind": "dense", "topk": 3},
-        "model": {"name_or_path": "Qwen/Qwen2.5-7B", "dtype": "bfloat16", "attn": "flex_attention"},
-        "rollout": {"gen_tokens_base": 512, "gen_tokens_per_objective": 64, "batch_size": 256},
+        "model": {
+            "name_or_path": "Qwen/Qwen2.5-7B",
+            "dtype": "bfloat16",
+            "attn": "flex_attention",
+            "gradient_checkpointing": True,
+            "seq_bucket": 128,
+        },
+        "rollout": {
+            "gen_tokens_base": 512,
+            "gen_tokens_per_objective": 64,
+            "batch_size": 256,
+            "backend": "auto",
+            # the worker has a GPU of its own (ppo.gpus_per_worker=1 beside learner_gpus=1)
+            "gpu_memory_utilization": 0.85,
+        },
         "ppo": {
             "actor_lr": 1e-6,
             "critic_lr": 1e-5,
@@ -315,6 +388,7 @@ PROFILES: dict[str, dict[str, Any]] = {
             "micro_batch_size": 4,
             "gpus_per_worker": 1.0,
             "learner_gpus": 1.0,
+            "learner_strategy": "single",
         },
     },
 }

@@ -68,5 +68,52 @@ def save_model(model: PreTrainedModel, tokenizer, out_dir: str | Path) -> Path:
     return Path(out_dir)
 
 
+def master_weights(model: torch.nn.Module, dtype: str):
+    """Train a low-precision model on float32 master weights: casts `model`'s parameters to
+    float32 in place and returns the autocast context that computes in `dtype` on the
+    model's device (a null context for float32).
+
+    Why: an AdamW step is about lr in size; at the paper's actor lr of 1e-6 that is far
+    below half of bf16's rounding step for a weight of typical size (2^-8 relative), so
+    bf16 parameters updated in place mostly do not change at all."""
+    import contextlib
+
+    if DTYPES[dtype] == torch.float32:
+        return contextlib.nullcontext()
+    model.float()
+    device = next(model.parameters()).device
+    return torch.autocast(device_type=device.type, dtype=DTYPES[dtype])
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> torch.nn.Module:
+    """Hugging Face activation checkpointing (non-reentrant) on every decoder layer of a
+    causal LM or a bare transformer (a critic's backbone), in place; returns the model.
+
+    Hugging Face checkpoints a layer only while that layer is in training mode, but the
+    learner keeps its models in eval mode (mem1_core.ppo: the PPO ratio must compare the
+    function that sampled). So only the decoder layer modules themselves are flagged as
+    training, not their children: attention dropout (and any other) stays off, the layers
+    compute exactly what they compute in eval mode, and they are recomputed in backward.
+    Checkpointing engages only with gradients on, so no-grad passes (scoring, generation)
+    run as before, KV cache included. A later `model.eval()` turns it off again."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    for module in model.modules():
+        if isinstance(module, GradientCheckpointingLayer):
+            module.training = True  # this module only: nn.Module.train() would recurse
+    return model
+
+
+def is_checkpointing(model: torch.nn.Module) -> bool:
+    """True if `enable_gradient_checkpointing` is in effect on some layer of `model`."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return any(
+        isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing and m.training
+        for m in model.modules()
+    )
+
+
 def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())

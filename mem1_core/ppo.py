@@ -17,6 +17,10 @@ Choices and departures:
   logged and counted; `max_nonfinite_in_row` skipped steps in a row raise NonFiniteError.
 - Models stay in eval mode while training: the PPO ratio must compare the same function
   that sampled, so dropout (off in Qwen2 anyway) must never differ between the passes.
+  (Activation checkpointing flags only the decoder layers as training; model.py.)
+- Batches are padded to a multiple of `seq_bucket` tokens (ModelConfig.seq_bucket), and so
+  are micro-batches, so a compiled FlexAttention sees a few lengths, not one per step.
+  Padding is its own tree node that no real token sees: results do not change.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from mem1_core.advantages import (
 )
 from mem1_core.config import PPOConfig
 from mem1_core.critic import Critic
-from mem1_core.logprobs import forward_tree
+from mem1_core.logprobs import Attn, forward_tree, tree_attention_mask
 from mem1_core.losses import (
     clipped_policy_loss,
     clipped_value_loss,
@@ -46,6 +50,8 @@ from mem1_core.losses import (
     explained_variance,
     kl_loss,
 )
+from mem1_core.mismatch import turn_logprob_mismatch
+from mem1_core.model import is_checkpointing
 from mem1_core.trajectory import Trajectory, turn_paths
 from mem1_core.tree import FlatBatch, collate, flatten
 
@@ -160,12 +166,17 @@ def select_rows(batch: FlatBatch, rows: Tensor, length: int) -> FlatBatch:
 
 
 def make_rollout_batch(
-    trajs: list[Trajectory], pad_id: int, device: torch.device | str = "cpu"
+    trajs: list[Trajectory],
+    pad_id: int,
+    device: torch.device | str = "cpu",
+    seq_bucket: int = 1,
 ) -> RolloutBatch:
-    """Flatten each trajectory's turn contexts into its tree and collate them."""
+    """Flatten each trajectory's turn contexts into its tree and collate them, the length
+    rounded up to a multiple of `seq_bucket`."""
     if not trajs:
         raise ValueError("no trajectories to train on")
-    batch = collate([flatten(turn_paths(t)) for t in trajs], pad_id).to(device)
+    trees = [flatten(turn_paths(t)) for t in trajs]
+    batch = collate(trees, pad_id, pad_to_multiple=seq_bucket).to(device)
     rollout_logp = torch.zeros(batch.loss_mask.shape, dtype=torch.float32)
     mask = batch.loss_mask.cpu()
     for r, traj in enumerate(trajs):
@@ -182,13 +193,39 @@ def make_rollout_batch(
     )
 
 
-def _micro_batches(rows: Tensor, size: int, seq_lens: Tensor) -> list[tuple[Tensor, int]]:
-    return [(m, max(int(seq_lens[m].max()), 1)) for m in rows.split(size)]
+def _micro_batches(
+    rows: Tensor, size: int, batch: FlatBatch, seq_bucket: int = 1
+) -> list[tuple[Tensor, int]]:
+    """`rows` in chunks of `size`, each with the length it is cut to: its longest row,
+    rounded up to a multiple of `seq_bucket` (at most the batch's length)."""
+    length = batch.input_ids.shape[1]
+    out = []
+    for m in rows.split(size):
+        n = max(int(batch.seq_lens[m].max()), 1)
+        out.append((m, min(-(-n // seq_bucket) * seq_bucket, length)))
+    return out
+
+
+def one_pass_mask(model: nn.Module, batch: FlatBatch, attn: str) -> object | None:
+    """The mask a pass of `model` over `batch` should be given: None (forward_tree picks
+    the shared-prefix forward under sdpa/eager, a BlockMask under flex) unless the pass
+    needs the one-pass tree mask: under activation checkpointing with gradients on, a
+    checkpointed layer drops the KV cache that the shared-prefix forward hands from the
+    trunk to the branches (Hugging Face does so: a recompute would write it twice)."""
+    if Attn(attn) is Attn.FLEX or (torch.is_grad_enabled() and is_checkpointing(model)):
+        return tree_attention_mask(batch, attn, next(model.parameters()).dtype)
+    return None
 
 
 @torch.no_grad()
 def score(
-    models: Models, rb: RolloutBatch, attn: str, micro_batch_size: int, temperature: float = 1.0
+    models: Models,
+    rb: RolloutBatch,
+    attn: str,
+    micro_batch_size: int,
+    temperature: float = 1.0,
+    *,
+    seq_bucket: int = 1,
 ) -> Targets:
     """Old log-probs (current policy), reference log-probs and values, all over the tree,
     log-probs at the rollout's sampling temperature (the distribution sampled from).
@@ -197,15 +234,18 @@ def score(
     old = torch.zeros(b, length, device=rb.batch.input_ids.device)
     ref = torch.zeros_like(old) if models.reference is not None else None
     values = torch.zeros_like(old) if models.critic is not None else None
-    for rows, n in _micro_batches(torch.arange(b), micro_batch_size, rb.batch.seq_lens):
+    for rows, n in _micro_batches(torch.arange(b), micro_batch_size, rb.batch, seq_bucket):
         mb = select_rows(rb.batch, rows, n)
-        old[rows, :n] = forward_tree(models.policy, mb, attn, temperature=temperature).logprobs
+        # A BlockMask (flex) is built once and read by all three models.
+        mask = one_pass_mask(models.policy, mb, attn)
+        out = forward_tree(models.policy, mb, attn, temperature=temperature, mask=mask)
+        old[rows, :n] = out.logprobs
         if ref is not None:
             ref[rows, :n] = forward_tree(
-                models.reference, mb, attn, temperature=temperature
+                models.reference, mb, attn, temperature=temperature, mask=mask
             ).logprobs
         if values is not None:
-            values[rows, :n] = models.critic(mb, attn)
+            values[rows, :n] = models.critic(mb, attn, mask=mask)
     zeros = torch.zeros_like(old)
     return Targets(rb.batch.loss_mask, old, zeros, zeros, values, ref)
 
@@ -271,17 +311,26 @@ def accumulate_gradients(
     cfg: PPOConfig,
     attn: str,
     temperature: float = 1.0,
+    *,
+    seq_bucket: int = 1,
 ) -> dict[str, Tensor] | None:
     """Backward of one minibatch (`rows`), micro-batch by micro-batch, into `.grad`.
     Returns the summed metrics, or None as soon as a loss is non-finite."""
     normalizer = t.loss_mask[rows].sum().clamp_min(1)
     total: dict[str, Tensor] = {}
-    for micro, n in _micro_batches(rows, cfg.micro_batch_size, batch.seq_lens):
+    for micro, n in _micro_batches(rows, cfg.micro_batch_size, batch, seq_bucket):
         mb = select_rows(batch, micro, n)
+        mask = one_pass_mask(models.policy, mb, attn)
         out = forward_tree(
-            models.policy, mb, attn, with_entropy=cfg.entropy_coef > 0, temperature=temperature
+            models.policy,
+            mb,
+            attn,
+            with_entropy=cfg.entropy_coef > 0,
+            temperature=temperature,
+            mask=mask,
         )
-        values = models.critic(mb, attn) if models.critic is not None else None
+        # The critic always runs one pass; it reuses the policy's mask when there is one.
+        values = models.critic(mb, attn, mask=mask) if models.critic is not None else None
         loss, metrics = ppo_loss(
             out.logprobs, out.entropy, values, t.rows(micro, n), cfg, normalizer
         )
@@ -335,6 +384,8 @@ def ppo_epochs(
     guard: NonFiniteGuard,
     generator: torch.Generator | None = None,
     temperature: float = 1.0,
+    *,
+    seq_bucket: int = 1,
 ) -> dict[str, float]:
     """`cfg.ppo_epochs` passes over shuffled minibatches of trajectories. -> mean metrics."""
     b = rb.batch.input_ids.shape[0]
@@ -343,7 +394,9 @@ def ppo_epochs(
     for _ in range(cfg.ppo_epochs):
         order = torch.randperm(b, generator=generator).to(rb.batch.input_ids.device)
         for rows in order.split(cfg.minibatch_size):
-            metrics = accumulate_gradients(models, rb.batch, t, rows, cfg, attn, temperature)
+            metrics = accumulate_gradients(
+                models, rb.batch, t, rows, cfg, attn, temperature, seq_bucket=seq_bucket
+            )
             norms = optimizer_step(models, optimizers, cfg, guard, metrics)
             if not norms:
                 skipped += 1
@@ -368,6 +421,13 @@ def batch_stats(rb: RolloutBatch, t: Targets, rewards: Tensor) -> dict[str, floa
         "token_reward_sum": float(torch.where(mask, rewards, 0).sum(1).mean()),
         "advantage_mean": float(masked_mean(t.advantages, mask)),
     }
+    # Per turn index too: a context rebuilt wrongly from some turn on (MEM1's carried <IS>)
+    # shows there, not as a uniform shift (mem1_core.mismatch).
+    per_turn = turn_logprob_mismatch(rb.rollout_logp, t.old_logp, rb.batch.gen_turn, mask)
+    pairs = zip(per_turn["mean"].tolist(), per_turn["max"].tolist(), strict=True)
+    for k, (m, x) in enumerate(pairs):
+        stats[f"logp_mismatch_mean/turn_{k}"] = m
+        stats[f"logp_mismatch_max/turn_{k}"] = x
     if t.ref_logp is not None:
         stats["kl_ref"] = float(masked_mean(kl_estimate(t.old_logp, t.ref_logp, "k1"), mask))
     if t.old_values is not None:
@@ -389,14 +449,27 @@ def update(
     guard: NonFiniteGuard,
     generator: torch.Generator | None = None,
     temperature: float = 1.0,
+    seq_bucket: int = 1,
 ) -> dict[str, Any]:
-    """One learner update on one iteration's trajectories. -> stats (floats)."""
+    """One learner update on one iteration's trajectories. -> stats (floats).
+    seq_bucket: pad flattened batches to a multiple of it (ModelConfig.seq_bucket)."""
     if get_estimator(estimator).uses_critic != (models.critic is not None):
         raise ValueError(f"estimator {estimator!r} and the presence of a critic disagree")
     device = next(models.policy.parameters()).device
-    rb = make_rollout_batch(trajs, pad_id, device)
-    targets = score(models, rb, attn, cfg.micro_batch_size, temperature)
+    rb = make_rollout_batch(trajs, pad_id, device, seq_bucket)
+    targets = score(models, rb, attn, cfg.micro_batch_size, temperature, seq_bucket=seq_bucket)
     targets, rewards = estimate_advantages(rb, targets, cfg, estimator)
     stats = batch_stats(rb, targets, rewards)
-    stats |= ppo_epochs(models, optimizers, rb, targets, cfg, attn, guard, generator, temperature)
+    stats |= ppo_epochs(
+        models,
+        optimizers,
+        rb,
+        targets,
+        cfg,
+        attn,
+        guard,
+        generator,
+        temperature,
+        seq_bucket=seq_bucket,
+    )
     return stats | {"nonfinite_total": guard.total}

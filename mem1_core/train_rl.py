@@ -11,6 +11,8 @@ What a run directory `out` gets, besides the assets of mem1_core.assets:
   metrics.jsonl                       one JSON line per iteration, rewritten atomically
   checkpoints/iter_{K:06d}/           state after K iterations (mem1_core.checkpoint)
   wandb/                              the W&B run (offline unless WANDB_MODE says otherwise)
+  vllm_init/                          rollout.backend=vllm without --init: the initial policy,
+                                      saved for the vLLM engines to start from
 
 Resume: `resume=True` restores the newest checkpoint K and deletes trajectory, evaluation
 and metrics entries of iterations >= K (written after it, by a run that then died), so a

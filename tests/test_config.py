@@ -33,3 +33,44 @@ def test_bad_overrides_say_how_to_fix_them(overrides, message):
 def test_unknown_profile():
     with pytest.raises(ValueError, match="unknown profile"):
         load_config("huge")
+
+
+def test_gpu_training_fields_of_issue_7():
+    tiny, paper = load_config("tiny"), load_config("paper")
+    assert (tiny.model.gradient_checkpointing, tiny.model.seq_bucket) == (False, 1)
+    assert paper.model.attn == "flex_attention" and paper.model.gradient_checkpointing
+    assert paper.model.seq_bucket == 128 and paper.ppo.learner_strategy == "single"
+    # The bucket follows the attention unless set: 128 (the BlockMask block) under flex.
+    assert load_config("tiny", None, ["model.attn=flex_attention"]).model.seq_bucket == 128
+    assert load_config("paper", None, ["model.seq_bucket=64"]).model.seq_bucket == 64
+    fsdp = load_config("paper", None, ["ppo.learner_strategy=fsdp", "ppo.learner_gpus=4"])
+    assert fsdp.ppo.learner_strategy == "fsdp"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["model.seq_bucket=0"], "seq_bucket"),
+        (["ppo.learner_strategy=ddp"], "single or fsdp"),
+        (["ppo.learner_strategy=fsdp", "ppo.learner_gpus=0"], "whole number >= 1"),
+        (["ppo.learner_strategy=fsdp", "ppo.learner_gpus=1.5"], "whole number >= 1"),
+    ],
+)
+def test_gpu_training_fields_reject_bad_values(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        load_config("tiny", None, overrides)
+
+
+def test_rollout_backend():
+    from mem1_core.ray_runtime import _vllm_importable, resolve_backend
+
+    auto = resolve_backend(load_config("paper"))
+    assert auto.rollout.backend == ("vllm" if _vllm_importable() else "hf")
+    assert resolve_backend(load_config("tiny")).rollout.backend == "hf"
+    assert load_config("tiny").rollout.backend == "hf"
+    paper = load_config("paper")
+    assert paper.rollout.backend == "auto" and paper.rollout.gpu_memory_utilization == 0.85
+    with pytest.raises(ValueError, match=r"rollout.backend='sglang': use hf .*, vllm .* or auto"):
+        load_config("tiny", None, ["rollout.backend=sglang"])
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        load_config("tiny", None, ["rollout.gpu_memory_utilization=0"])

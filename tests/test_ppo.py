@@ -154,6 +154,8 @@ def test_update_with_zero_lr_changes_nothing(policy, trajs, small_tokenizer):
     assert stats["optimizer_steps"] == 1 and stats["skipped_steps"] == 0
     assert stats["policy_grad_norm"] > 0 and stats["critic_grad_norm"] > 0
     assert stats["logp_mismatch_max"] < 1e-5
+    per_turn = [v for k, v in stats.items() if k.startswith("logp_mismatch_max/turn_")]
+    assert per_turn and max(per_turn) == pytest.approx(stats["logp_mismatch_max"])
     for a, b in zip(before, params(models), strict=True):
         assert torch.equal(a, b)
 
@@ -312,3 +314,126 @@ def test_a_grpo_step_lowers_the_surrogate_and_favours_rewarded_samples(
     rewarded = torch.tensor([t.sample == 0 for t in trajs])
     assert float(delta[rewarded].sum()) > 0 > float(delta[~rewarded].sum())
     assert math.isfinite(stats["kl_ref"])
+
+
+def _grads(models: Models) -> list[torch.Tensor]:
+    mods = [models.policy] + ([models.critic] if models.critic is not None else [])
+    return [p.grad.clone() for m in mods for p in m.parameters()]
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(policy, trajs, small_tokenizer):
+    # Issue #7: activation checkpointing recomputes each layer in backward; the PPO
+    # gradient (policy and critic) must not change. It must also really be on: the MLP of a
+    # checkpointed layer runs twice per micro-batch (forward, then the recompute).
+    from mem1_core.model import enable_gradient_checkpointing, is_checkpointing
+
+    models = fresh(policy)
+    rb, targets = prepared(models, trajs, small_tokenizer.pad_token_id)
+    with torch.no_grad():  # move away from the old policy so ratios differ from 1
+        for p in models.policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    rows = torch.tensor([2, 0, 3, 1])
+    metrics = accumulate_gradients(models, rb.batch, targets, rows, PPO, ATTN)
+    plain = _grads(models)
+    checkpointed = Models(
+        enable_gradient_checkpointing(copy.deepcopy(models.policy)),
+        models.reference,
+        copy.deepcopy(models.critic),
+    )
+    enable_gradient_checkpointing(checkpointed.critic.backbone)
+    for m in (checkpointed.policy, checkpointed.critic):
+        m.zero_grad(set_to_none=True)
+    assert is_checkpointing(checkpointed.policy) and not is_checkpointing(models.policy)
+    layer = checkpointed.policy.get_decoder().layers[0]
+    assert layer.training and not any(m.training for m in layer.children())
+    calls = [0]
+    mlp = checkpointed.policy.get_decoder().layers[0].mlp
+    mlp_forward = mlp.forward
+
+    def counted(x):  # not a forward hook: the recompute does not run module hooks
+        calls[0] += 1
+        return mlp_forward(x)
+
+    mlp.forward = counted
+    again = accumulate_gradients(checkpointed, rb.batch, targets, rows, PPO, ATTN)
+    del mlp.forward
+    assert calls[0] == 2 * len(rows) // PPO.micro_batch_size
+    for a, b in zip(plain, _grads(checkpointed), strict=True):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+    for k, v in metrics.items():
+        torch.testing.assert_close(again[k], v, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():  # no gradient, no checkpointing: scoring is unchanged
+        torch.testing.assert_close(
+            score(checkpointed, rb, ATTN, 2).old_values, targets.old_values, atol=1e-5, rtol=0
+        )
+
+
+def test_sequence_bucketing_changes_no_logprob_value_or_gradient(policy, trajs, small_tokenizer):
+    # Issue #7: padding L to a multiple of seq_bucket (so a compiled FlexAttention sees few
+    # lengths) is invisible: padding is its own tree node that no real token attends to.
+    models = fresh(policy)
+    pad = small_tokenizer.pad_token_id
+    plain = make_rollout_batch(trajs, pad)
+    bucketed = make_rollout_batch(trajs, pad, seq_bucket=64)
+    length = plain.batch.input_ids.shape[1]
+    assert bucketed.batch.input_ids.shape[1] % 64 == 0
+    assert bucketed.batch.input_ids.shape[1] > length
+    t1 = score(models, plain, ATTN, 2)
+    t2 = score(models, bucketed, ATTN, 2, seq_bucket=64)
+    for name in ("old_logp", "ref_logp", "old_values"):
+        a, b = getattr(t1, name), getattr(t2, name)
+        torch.testing.assert_close(b[:, :length], a, atol=1e-5, rtol=0)
+        assert (b[:, length:] == 0).all()
+    t1, _ = estimate_advantages(plain, t1, PPO, "gae")
+    t2, _ = estimate_advantages(bucketed, t2, PPO, "gae")
+    rows = torch.tensor([2, 0, 3, 1])
+    m1 = accumulate_gradients(models, plain.batch, t1, rows, PPO, ATTN)
+    g1 = _grads(models)
+    for m in (models.policy, models.critic):
+        m.zero_grad(set_to_none=True)
+    m2 = accumulate_gradients(models, bucketed.batch, t2, rows, PPO, ATTN, seq_bucket=64)
+    for a, b in zip(g1, _grads(models), strict=True):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+    for k, v in m1.items():
+        torch.testing.assert_close(m2[k], v, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_flex_learner_on_cuda_equals_the_dense_cpu_learner(trajs, small_tokenizer):
+    # The learner's GPU path (issue #7): FlexAttention (BlockMask), activation checkpointing
+    # and sequence buckets on CUDA give the old log-probs, values and PPO gradients of the
+    # CPU reference path (sdpa, no checkpointing, no buckets), in float32.
+    from mem1_core.model import enable_gradient_checkpointing
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    # head_dim 16: FlexAttention's CUDA kernels need at least 16.
+    cpu_policy = build_tiny_model(
+        ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                    intermediate_size=128, seed=0),
+        small_tokenizer,
+    )  # fmt: skip
+    cpu = fresh(cpu_policy)
+    pad = small_tokenizer.pad_token_id
+    rb, targets = prepared(cpu, trajs, pad)
+    gpu = Models(*(copy.deepcopy(m).cuda() for m in (cpu.policy, cpu.reference, cpu.critic)))
+    enable_gradient_checkpointing(gpu.policy)
+    enable_gradient_checkpointing(gpu.critic.backbone)
+    rb_gpu = make_rollout_batch(trajs, pad, "cuda", seq_bucket=128)
+    t_gpu = score(gpu, rb_gpu, "flex_attention", 2, seq_bucket=128)
+    length = rb.batch.input_ids.shape[1]
+    for name in ("old_logp", "ref_logp", "old_values"):
+        got = getattr(t_gpu, name)[:, :length].cpu()
+        torch.testing.assert_close(got, getattr(targets, name), atol=1e-4, rtol=0)
+    t_gpu, _ = estimate_advantages(rb_gpu, t_gpu, PPO, "gae")
+    with torch.no_grad():  # move away from the old policy so ratios differ from 1
+        for a, b in zip(cpu.policy.parameters(), gpu.policy.parameters(), strict=True):
+            a.add_(0.05 * torch.randn_like(a))
+            b.copy_(a)
+    rows = torch.tensor([2, 0, 3, 1])
+    accumulate_gradients(cpu, rb.batch, targets, rows, PPO, ATTN)
+    accumulate_gradients(
+        gpu, rb_gpu.batch, t_gpu, rows.cuda(), PPO, "flex_attention", seq_bucket=128
+    )
+    for a, b in zip(_grads(cpu), _grads(gpu), strict=True):
+        torch.testing.assert_close(b.cpu(), a, atol=1e-4, rtol=1e-3)

@@ -42,8 +42,9 @@ def test_unseen_names_are_a_few_syllable_tokens(small_tokenizer, small_world_con
 
 
 def test_save_and_load_round_trip_in_safetensors(small_tokenizer, tmp_path):
-    cfg = ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
-                      intermediate_size=64)
+    cfg = ModelConfig(
+        hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64
+    )
     model = build_tiny_model(cfg, small_tokenizer)
     save_model(model, small_tokenizer, tmp_path / "m")
     files = {p.name for p in (tmp_path / "m").iterdir()}
@@ -66,3 +67,46 @@ def test_save_and_load_round_trip_in_safetensors(small_tokenizer, tmp_path):
 
 def test_world_config_default_is_the_tiny_profile():
     assert WorldConfig().n_people >= 1000
+
+
+def test_master_weights_let_a_tiny_learning_rate_move_a_bf16_model(small_tokenizer):
+    """The paper's actor lr (1e-6) on bf16 parameters rounds every update away; on float32
+    master weights under bf16 autocast the same step moves them, and compute stays bf16."""
+    from mem1_core.model import master_weights
+
+    cfg = ModelConfig(
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        intermediate_size=64,
+        dtype="bfloat16",
+    )
+    ids = torch.tensor([[1, 5, 9, 13, 17, 21]])
+
+    def one_step(model, autocast) -> float:
+        """-> the fraction of weights (with a gradient) that the step changed."""
+        before = [p.detach().float().clone() for p in model.parameters()]
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0)
+        with autocast:
+            logits = model(input_ids=ids).logits
+            loss = logits.float().logsumexp(-1).mean()
+        loss.backward()
+        grads = [p.grad is not None and p.grad.ne(0) for p in model.parameters()]
+        opt.step()
+        moved = sum(
+            int(((p.detach().float() != b) & g).sum())
+            for p, b, g in zip(model.parameters(), before, grads, strict=True)
+        )
+        return moved / sum(int(g.sum()) for g in grads)
+
+    torch.manual_seed(0)
+    pure = build_tiny_model(cfg, small_tokenizer).to(torch.bfloat16)
+    mixed = build_tiny_model(cfg, small_tokenizer).to(torch.bfloat16)
+    mixed.load_state_dict(pure.state_dict())
+    assert one_step(pure, torch.autocast("cpu", enabled=False)) < 0.1  # the trap
+    autocast = master_weights(mixed, "bfloat16")
+    assert all(p.dtype == torch.float32 for p in mixed.parameters())
+    with autocast:
+        assert mixed(input_ids=ids).logits.dtype == torch.bfloat16
+    assert one_step(mixed, autocast) > 0.99
