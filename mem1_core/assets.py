@@ -7,12 +7,14 @@ Layout of a run directory:
   tokenizer/        the tiny tokenizer (save_pretrained)
   indexes/          retrieval indexes, one per corpus fingerprint and kind
   checkpoints/      training checkpoints (mem1_core.checkpoint)
+  teacher_worlds/   extra worlds of fresh names for the teacher's SFT data (sft.teacher_worlds),
+                    each laid out like a run directory (world/, tasks/, indexes/)
 Each piece is built only if missing, so stages can run (and re-run) independently.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -166,6 +168,20 @@ def initial_policy(cfg: Config, tokenizer):
     if cfg.model.name_or_path is None:
         return build_tiny_model(cfg.model, tokenizer)
     return load_model(cfg.model.name_or_path, cfg.model, tokenizer)
+
+
+def teacher_world(cfg: Config, paths: RunPaths, k: int) -> tuple[Config, RunPaths]:
+    """The k-th extra world for teacher data: the same sizes and phrasing as the run's world,
+    fresh names and facts (seed 10000 + 1000 * world.seed + k), under `teacher_worlds/`.
+
+    Why: from one world the tiny model memorises its training entities instead of learning
+    to copy names from the prompt and from <info> (measured: EM 0.48 on training entities vs
+    0.15 on held-out ones for single-hop questions). Names that never come back make copying
+    the only way to lower the loss. Only their train split is used, and none of them is the
+    evaluation world, so held-out entities stay unseen."""
+    seed = 10_000 + 1_000 * cfg.world.seed + k
+    sub = replace(cfg, world=replace(cfg.world, seed=seed))
+    return sub, RunPaths(paths.root / "teacher_worlds" / f"seed{seed}")
 
 
 def prepare(cfg: Config, root: str | Path) -> RunPaths:

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from mem1_core import io
 from mem1_core.logprobs import forward_tree
-from mem1_core.model import save_model
+from mem1_core.model import enable_gradient_checkpointing, save_model
 from mem1_core.rollout import Task, rollout
 from mem1_core.teacher import ScriptedTeacher
 from mem1_core.trajectory import Trajectory, turn_paths, write_trajectories
@@ -41,12 +41,36 @@ def teacher_trajectories(
     return rollout(tasks, teacher, env, rollout_cfg, policy=policy)
 
 
-def sft_loss(model, trees: list[FlatTree], pad_id: int, attn: str) -> tuple[torch.Tensor, int]:
-    """Mean negative log-likelihood of the generated tokens of a batch of flattened trees."""
-    batch = collate(trees, pad_id)
-    logp = forward_tree(model, batch, attn).logprobs
+def sft_loss(
+    model,
+    trees: list[FlatTree],
+    pad_id: int,
+    attn: str,
+    *,
+    context_weight: float = 0.0,
+    context_rows: list[bool] | None = None,
+    seq_bucket: int = 1,
+) -> tuple[torch.Tensor, int]:
+    """Mean negative log-likelihood of the generated tokens of a batch of flattened trees.
+
+    With `context_weight` > 0, plus that weight times the mean next-token loss on the other
+    tokens (prompt and <info>) of the rows flagged in `context_rows`: language-model
+    pretraining on the environment's text, which teaches copying (a name in <info> repeats
+    the query, a title repeats in its passage) far more often per step than the generated
+    tokens alone. seq_bucket: pad to a multiple of it (fewer flex recompiles on a GPU).
+    -> (loss, generated tokens)."""
+    batch = collate(trees, pad_id, pad_to_multiple=seq_bucket).to(next(model.parameters()).device)
+    ctx = None
+    if context_weight > 0 and context_rows is not None and any(context_rows):
+        rows = torch.tensor(context_rows, dtype=torch.bool, device=batch.input_ids.device)
+        ctx = (batch.prev_index >= 0) & ~batch.loss_mask & rows[:, None]
+    positions = batch.loss_mask if ctx is None else batch.loss_mask | ctx
+    logp = forward_tree(model, batch, attn, positions=positions).logprobs
     n = int(batch.loss_mask.sum())
-    return -(logp * batch.loss_mask).sum() / max(n, 1), n
+    loss = -(logp * batch.loss_mask).sum() / max(n, 1)
+    if ctx is not None:
+        loss = loss + context_weight * -(logp * ctx).sum() / ctx.sum().clamp(min=1)
+    return loss, n
 
 
 def lr_at(progress: float, warmup: float, base: float, floor: float = 0.1) -> float:
@@ -84,13 +108,24 @@ def train_on_trajectories(
     eval_every_minutes: float = 0.0,
     log: Callable[[dict], None] | None = None,
     progress: bool = True,
+    context_weight: float = 0.0,
+    context_loss: list[bool] | None = None,
+    seq_bucket: int = 1,
+    gradient_checkpointing: bool = False,
 ) -> SFTResult:
-    """Train until `minutes` or `max_steps` runs out; returns the loss/eval curve."""
-    trees = [flatten(turn_paths(t)) for t in trajectories if t.turns]
+    """Train until `minutes` or `max_steps` runs out; returns the loss/eval curve.
+    `context_loss[i]`: trajectory i also gets the `context_weight` loss (see `sft_loss`)."""
+    if context_loss is not None and len(context_loss) != len(trajectories):
+        raise ValueError("context_loss needs one flag per trajectory")
+    keep = [i for i, t in enumerate(trajectories) if t.turns]
+    trees = [flatten(turn_paths(trajectories[i])) for i in keep]
+    ctx_flags = [bool(context_loss[i]) for i in keep] if context_loss else None
     if not trees:
         raise ValueError("no teacher trajectory to train on")
     rng = random.Random(seed)
     torch.manual_seed(seed)
+    if gradient_checkpointing:
+        enable_gradient_checkpointing(model)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     model.train()
     budget = minutes * 60.0
@@ -111,7 +146,15 @@ def train_on_trajectories(
         warm = min(warmup_steps / max(max_steps, 1), 0.2) if max_steps < 10**5 else 0.05
         for g in opt.param_groups:
             g["lr"] = lr_at(progress_frac, warm, lr) if step >= 1 else lr * 0.02
-        loss, n = sft_loss(model, [trees[i] for i in idx], pad_id, attn)
+        loss, n = sft_loss(
+            model,
+            [trees[i] for i in idx],
+            pad_id,
+            attn,
+            context_weight=context_weight,
+            context_rows=[ctx_flags[i] for i in idx] if ctx_flags else None,
+            seq_bucket=seq_bucket,
+        )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
@@ -165,6 +208,7 @@ def train_sft(
         load_tasks,
         make_env,
         prepare,
+        teacher_world,
     )
     from mem1_core.evaluate import evaluate_policy
     from mem1_core.model import load_model
@@ -183,17 +227,26 @@ def train_sft(
         else (cfg.data.train_objectives,)
     )
     policy = policy or cfg.rollout.policy
-    per_n = cfg.sft.n_teacher_tasks // len(ns)
-    train_tasks = [t for n in ns for t in load_tasks(cfg, paths, "train", n)[:per_n]]
-    trajs = teacher_trajectories(
-        train_tasks,
-        tok,
-        env,
-        cfg.rollout,
-        policy=policy,
-        error_rate=cfg.teacher.error_rate,
-        seed=cfg.teacher.seed,
-    )
+    sources = [(cfg, paths, env)]
+    if cfg.data.source == "world":
+        for k in range(cfg.sft.teacher_worlds):
+            sub_cfg, sub_paths = teacher_world(cfg, paths, k)
+            sources.append((sub_cfg, sub_paths, make_env(sub_cfg, sub_paths, tok)))
+    per_source = max(1, cfg.sft.n_teacher_tasks // (len(ns) * len(sources)))
+    trajs: list[Trajectory] = []
+    fresh: list[bool] = []  # from an extra world: safe for the context loss
+    for k, (src_cfg, src_paths, src_env) in enumerate(sources):
+        tasks = [t for n in ns for t in load_tasks(src_cfg, src_paths, "train", n)[:per_source]]
+        fresh += [k > 0] * len(tasks)
+        trajs += teacher_trajectories(
+            tasks,
+            tok,
+            src_env,
+            cfg.rollout,
+            policy=policy,
+            error_rate=cfg.teacher.error_rate,
+            seed=cfg.teacher.seed + k,
+        )
     write_trajectories(trajs, out / "teacher_trajectories.parquet")
     model = load_model(init, cfg.model, tok) if init else initial_policy(cfg, tok)
     eval_tasks = load_tasks(cfg, paths, "test", ns[-1])[:32]
@@ -230,6 +283,10 @@ def train_sft(
         eval_every_minutes=max(0.5, minutes / 4),  # four points on the held-out curve
         log=log,
         progress=progress,
+        context_weight=cfg.sft.warm_start_context_weight if warm_start else 0.0,
+        context_loss=fresh,
+        seq_bucket=cfg.model.seq_bucket,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
     )
     after = eval_fn()
     save_model(model, tok, out / "policy")
@@ -238,6 +295,7 @@ def train_sft(
         "eval_objectives": ns[-1],
         "policy": policy,
         "teacher_trajectories": len(trajs),
+        "teacher_worlds": len(sources),
         "teacher_reward": sum(t.reward for t in trajs) / len(trajs),
         "steps": result.steps,
         "seconds": round(result.seconds, 1),

@@ -20,6 +20,15 @@ from mem1_core.tree import flatten
 CFG = RolloutConfig()
 
 
+def small_model(tokenizer):
+    return build_tiny_model(
+        ModelConfig(
+            hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64
+        ),
+        tokenizer,
+    )
+
+
 @pytest.fixture(scope="module")
 def env(small_tokenizer, small_index):
     return QAEnvironment(small_tokenizer, small_index, topk=3)
@@ -64,12 +73,7 @@ def test_sft_loss_is_the_mean_nll_of_generated_tokens_in_their_real_contexts(
     small_tasks, small_tokenizer, env
 ):
     trajs = teacher_trajectories(small_tasks[:3], small_tokenizer, env, CFG, policy="mem1")
-    model = build_tiny_model(
-        ModelConfig(
-            hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64
-        ),
-        small_tokenizer,
-    )
+    model = small_model(small_tokenizer)
     trees = [flatten(turn_paths(t)) for t in trajs]
     with torch.no_grad():
         loss, n = sft_loss(model, trees, small_tokenizer.pad_token_id, "sdpa")
@@ -78,15 +82,68 @@ def test_sft_loss_is_the_mean_nll_of_generated_tokens_in_their_real_contexts(
     torch.testing.assert_close(loss, -ref.mean(), atol=1e-5, rtol=0)
 
 
+def test_context_loss_is_the_plain_language_model_loss_on_environment_tokens(
+    small_tasks, small_tokenizer, env
+):
+    """Under `full` each trajectory is one chain, so the definition is a plain causal forward
+    over the concatenated ids: mean NLL of generated tokens + w * mean NLL of the rest (every
+    token but the first). Unflagged rows add nothing."""
+    import torch.nn.functional as F
+
+    trajs = teacher_trajectories(small_tasks[:3], small_tokenizer, env, CFG, policy="full")
+    model = small_model(small_tokenizer)
+    trees = [flatten(turn_paths(t)) for t in trajs]
+    flags = [True, False, True]
+    gen_nll, ctx_nll = [], []
+    with torch.no_grad():
+        loss, _ = sft_loss(
+            model,
+            trees,
+            small_tokenizer.pad_token_id,
+            "sdpa",
+            context_weight=0.5,
+            context_rows=flags,
+        )
+        for t, flag in zip(trajs, flags, strict=True):
+            ids, gen = list(t.prompt_ids), [False] * len(t.prompt_ids)
+            for turn in t.turns:  # the full-context chain: prompt, then each turn's G and I
+                ids += turn.gen_ids + turn.info_ids
+                gen += [True] * len(turn.gen_ids) + [False] * len(turn.info_ids)
+            x = torch.tensor([ids])
+            nll = (
+                -F.log_softmax(model(input_ids=x).logits[0, :-1], -1)
+                .gather(-1, x[0, 1:, None])
+                .squeeze(-1)
+            )
+            is_gen = torch.tensor(gen[1:])
+            gen_nll.append(nll[is_gen])
+            if flag:
+                ctx_nll.append(nll[~is_gen])
+    want = torch.cat(gen_nll).mean() + 0.5 * torch.cat(ctx_nll).mean()
+    torch.testing.assert_close(loss, want, atol=1e-5, rtol=0)
+
+
+def test_teacher_worlds_are_fresh_and_train_only(small_world_config, tmp_path):
+    from mem1_core.assets import RunPaths, load_tasks, teacher_world
+    from mem1_core.config import load_config
+
+    cfg = load_config("smoke")
+    paths = RunPaths(tmp_path)
+    eval_tasks = load_tasks(cfg, paths, "test", 1)
+    sub_cfg, sub_paths = teacher_world(cfg, paths, 0)
+    assert sub_cfg.world.seed != cfg.world.seed and sub_paths.root != paths.root
+    assert teacher_world(cfg, paths, 1)[0].world.seed != sub_cfg.world.seed
+    fresh = load_tasks(sub_cfg, sub_paths, "train", 1)
+    # fresh names: the extra world's questions are not the evaluation world's
+    assert not {q for t in fresh for q in t.questions} & {
+        q for t in eval_tasks for q in t.questions
+    }
+
+
 def test_sft_lowers_the_loss_on_teacher_trajectories(small_tasks, small_tokenizer, env):
     cfg = dataclasses.replace(CFG, policy="mem1")
     trajs = teacher_trajectories(small_tasks[:16], small_tokenizer, env, cfg, policy="mem1")
-    model = build_tiny_model(
-        ModelConfig(
-            hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64
-        ),
-        small_tokenizer,
-    )
+    model = small_model(small_tokenizer)
     trees = [flatten(turn_paths(t)) for t in trajs]
     with torch.no_grad():
         before = float(sft_loss(model, trees, small_tokenizer.pad_token_id, "sdpa")[0])
