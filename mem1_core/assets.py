@@ -132,6 +132,28 @@ def ensure_tokenizer(cfg: Config, paths: RunPaths):
     return load_tokenizer(paths.tokenizer)
 
 
+def adopt_init_tokenizer(cfg: Config, paths: RunPaths, init: Path | None) -> None:
+    """A trained policy brings its tokenizer: a run that starts from it must tokenise with
+    the same one. The run's tokenizer is copied from `init` if it has none yet; a different
+    one is an error (a model read through another tokenizer's ids is silently garbage: the
+    tiny tokenizer is retrained per run directory, and its training data can change between
+    versions)."""
+    if init is None or cfg.model.name_or_path is not None or not (init / "tokenizer.json").exists():
+        return
+    theirs = load_tokenizer(init)
+    if (paths.tokenizer / "tokenizer.json").exists():
+        if load_tokenizer(paths.tokenizer).get_vocab() != theirs.get_vocab():
+            raise ValueError(
+                f"{init} was trained with another tokenizer than {paths.tokenizer}: start from "
+                "a policy of this run, or use a fresh run directory (it adopts the policy's)"
+            )
+        return
+    from mem1_core.io import atomic_dir
+
+    with atomic_dir(paths.tokenizer) as tmp:
+        theirs.save_pretrained(tmp)
+
+
 def index_options(cfg: Config) -> dict:
     """The index options a retrieval config implies (the encoder of a dense index)."""
     return {"model": cfg.retrieval.encoder} if cfg.retrieval.kind == "dense" else {}

@@ -203,6 +203,7 @@ def train_sft(
     (default: `out_dir`)."""
     from mem1_core.assets import (
         RunPaths,
+        adopt_init_tokenizer,
         ensure_tokenizer,
         initial_policy,
         load_tasks,
@@ -216,7 +217,12 @@ def train_sft(
     out = Path(out_dir).resolve()
     if resume and (out / "result.json").exists() and (out / "policy").exists():
         return json.loads((out / "result.json").read_text())
-    paths: RunPaths = prepare(cfg, assets_dir or out)
+    from mem1_core.ray_runtime import resolve_init
+
+    init = resolve_init(init)  # a run or checkpoint directory -> its policy
+    root = Path(assets_dir or out).resolve()
+    adopt_init_tokenizer(cfg, RunPaths(root), init)
+    paths: RunPaths = prepare(cfg, root)
     tok = ensure_tokenizer(cfg, paths)
     env = make_env(cfg, paths, tok)
     ns = (

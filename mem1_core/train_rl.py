@@ -35,10 +35,10 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from mem1_core.assets import RunPaths, load_tasks, prepare
+from mem1_core.assets import RunPaths, adopt_init_tokenizer, load_tasks, prepare
 from mem1_core.checkpoint import TrainState, latest_checkpoint, read_state, remove_partial
 from mem1_core.config import Config
-from mem1_core.io import atomic_dir, write_text
+from mem1_core.io import write_text
 from mem1_core.ppo import get_estimator
 from mem1_core.ray_runtime import Runtime, resolve_init
 from mem1_core.rollout import Task
@@ -206,21 +206,6 @@ def iteration_record(
         "elapsed_seconds": elapsed_seconds,
         "tokens_per_s": stats["gen_tokens"] / seconds,
     }
-
-
-def adopt_init_tokenizer(cfg: Config, paths: RunPaths, init: Path | None) -> None:
-    """A warm start brings its tokenizer: the run must tokenise with the same one."""
-    if init is None or cfg.model.name_or_path is not None or not (init / "tokenizer.json").exists():
-        return
-    from mem1_core.tokenizer import load_tokenizer
-
-    theirs = load_tokenizer(init)
-    if (paths.tokenizer / "tokenizer.json").exists():
-        if load_tokenizer(paths.tokenizer).get_vocab() != theirs.get_vocab():
-            raise ValueError(f"{init} was trained with another tokenizer than {paths.tokenizer}")
-        return
-    with atomic_dir(paths.tokenizer) as tmp:
-        theirs.save_pretrained(tmp)
 
 
 def evaluate(runtime: Runtime, tasks: list[Task], out: Path) -> dict[str, float]:

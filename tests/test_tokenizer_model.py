@@ -110,3 +110,45 @@ def test_master_weights_let_a_tiny_learning_rate_move_a_bf16_model(small_tokeniz
     with autocast:
         assert mixed(input_ids=ids).logits.dtype == torch.bfloat16
     assert one_step(mixed, autocast) > 0.99
+
+
+def test_a_run_adopts_the_tokenizer_of_the_policy_it_starts_from(small_tokenizer, tmp_path):
+    import pytest
+
+    from mem1_core.assets import RunPaths, adopt_init_tokenizer
+    from mem1_core.config import Config
+    from mem1_core.tokenizer import train_tiny_tokenizer
+
+    cfg = Config()
+    init = tmp_path / "policy"
+    small_tokenizer.save_pretrained(init)
+    fresh = RunPaths(tmp_path / "fresh")
+    adopt_init_tokenizer(cfg, fresh, init)  # a new run directory takes the policy's
+    assert load_tokenizer(fresh.tokenizer).get_vocab() == small_tokenizer.get_vocab()
+    adopt_init_tokenizer(cfg, fresh, init)  # the same one again: nothing to do
+
+    other = RunPaths(tmp_path / "other")  # a run directory with a tokenizer of its own
+    train_tiny_tokenizer(["Ka Lo Mi went to Zu in 1901."] * 4, 400).save_pretrained(other.tokenizer)
+    with pytest.raises(ValueError, match="another tokenizer"):
+        adopt_init_tokenizer(cfg, other, init)
+
+
+def test_sft_from_a_policy_tokenises_with_its_tokenizer(small_tokenizer, tmp_path):
+    """`mem1 train sft --init` once retrained a tokenizer in its new run directory and fed the
+    policy another tokenizer's ids (loss 6.7 at step 2 from a converged warm start)."""
+    import pytest
+
+    from mem1_core.config import load_config
+    from mem1_core.sft import train_sft
+    from mem1_core.tokenizer import train_tiny_tokenizer
+
+    cfg = load_config("smoke", None, ["sft.steps=1", "sft.n_teacher_tasks=8"])
+    init = tmp_path / "policy"
+    build_tiny_model(cfg.model, small_tokenizer).save_pretrained(init)
+    small_tokenizer.save_pretrained(init)
+    assets = tmp_path / "run"
+    train_tiny_tokenizer(["Ka Lo Mi went to Zu in 1901."] * 4, 400).save_pretrained(
+        assets / "tokenizer"
+    )
+    with pytest.raises(ValueError, match="another tokenizer"):
+        train_sft(cfg, tmp_path / "sft", init=init, assets_dir=assets, progress=False)
