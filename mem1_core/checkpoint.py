@@ -5,7 +5,8 @@ iterations (0..K-1); a resumed run continues with iteration K:
 
     policy/          save_pretrained (safetensors) + the tokenizer, loadable on its own
     critic/          the critic (mem1_core.critic), if the run has one
-    optimizer.pt     torch.save of every optimiser's state_dict
+    optimizer.pt     torch.save of every optimiser's state_dict (an FSDP learner's: the
+                     full one, keyed by parameter name; mem1_core.fsdp_learner)
     rng.pt           torch (CPU and CUDA), Python and NumPy RNG states
     config.json      the run's Config
     state.json       iteration counter, elapsed time, counters the loop carries on
@@ -28,9 +29,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import save_file
 from torch import nn
 
-from mem1_core.critic import Critic
+from mem1_core.critic import VALUE_HEAD_FILE, Critic
 from mem1_core.io import atomic_dir, write_json
 
 PREFIX = "iter_"
@@ -114,25 +116,35 @@ def save_checkpoint(
     state: TrainState,
     *,
     policy: nn.Module,
-    optimizers: dict[str, torch.optim.Optimizer],
+    optimizers: dict[str, torch.optim.Optimizer | dict[str, Any]],
     config: Any,
     critic: Critic | None = None,
     tokenizer: Any = None,
     keep: int = 3,
+    policy_state: dict[str, torch.Tensor] | None = None,
+    critic_state: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write `<root>/iter_{state.iteration:06d}` atomically, then drop all but the newest
-    `keep` checkpoints. `config` is a dataclass (the run's Config) or a JSON-able dict."""
+    `keep` checkpoints. `config` is a dataclass (the run's Config) or a JSON-able dict.
+
+    A sharded learner (mem1_core.fsdp_learner) holds no whole model: it passes the full
+    state dicts it gathered as `policy_state` / `critic_state` (written in the files the
+    modules would write, so every reader is the same) and, in `optimizers`, a gathered
+    optimiser state dict in place of an optimiser."""
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
     root = Path(root)
     out = root / checkpoint_name(state.iteration)
     with atomic_dir(out) as tmp:
-        policy.save_pretrained(tmp / "policy", safe_serialization=True)
+        policy.save_pretrained(tmp / "policy", safe_serialization=True, state_dict=policy_state)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp / "policy")
-        if critic is not None:
+        if critic is not None and critic_state is not None:
+            _save_critic_state(critic, critic_state, tmp / "critic")
+        elif critic is not None:
             critic.save(tmp / "critic")
-        torch.save({k: opt.state_dict() for k, opt in optimizers.items()}, tmp / "optimizer.pt")
+        optim = {k: o if isinstance(o, dict) else o.state_dict() for k, o in optimizers.items()}
+        torch.save(optim, tmp / "optimizer.pt")
         torch.save(rng_state(), tmp / "rng.pt")
         cfg = config if isinstance(config, dict) else asdict(config)
         write_json(cfg, tmp / "config.json")
@@ -140,6 +152,20 @@ def save_checkpoint(
     for old in list_checkpoints(root)[:-keep]:
         shutil.rmtree(old)
     return out
+
+
+def _save_critic_state(critic: Critic, state: dict[str, torch.Tensor], out: Path) -> None:
+    """What `critic.save(out)` writes, from a full state dict of the critic (keys
+    `backbone.*`, `value_head.*`): `critic` lends only its config and class."""
+    parts: dict[str, dict[str, torch.Tensor]] = {"backbone.": {}, "value_head.": {}}
+    for key, value in state.items():
+        prefix = next((p for p in parts if key.startswith(p)), None)
+        if prefix is None:
+            raise ValueError(f"unexpected key {key!r} in a critic state dict")
+        parts[prefix][key.removeprefix(prefix)] = value
+    critic.backbone.save_pretrained(out, safe_serialization=True, state_dict=parts["backbone."])
+    head = {k: v.detach().cpu().contiguous() for k, v in parts["value_head."].items()}
+    save_file(head, str(out / VALUE_HEAD_FILE))
 
 
 def read_state(path: str | Path) -> TrainState:

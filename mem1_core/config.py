@@ -279,7 +279,12 @@ class PPOConfig(_Section):
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 0.0
     learner_cpus: float = 1.0
+    """CPUs of each learner process (each FSDP rank asks for this many; also its torch threads)."""
     learner_gpus: float = 0.0
+    """GPUs of the learner: of its one process (`single`), or in all (`fsdp`: one per rank)."""
+    learner_ranks: int = 0
+    """`fsdp` only: learner processes. 0 means one per learner GPU (`learner_gpus`); without
+    GPUs (`learner_gpus=0`) set it to run that many CPU ranks over gloo (tests, debugging)."""
     ray_address: str | None = None
     """Connect to a running Ray cluster: `auto` when the run starts on one of its nodes
     (after `ray start --head` / `ray start --address=HEAD:6379` on each node), or the head's
@@ -287,10 +292,19 @@ class PPOConfig(_Section):
     any node with the GPUs they ask for, so `--out` must be on a filesystem every node sees."""
     learner_strategy: str = "single"
     """`single`: the learner is one process on one device, its weights in `model.dtype`.
-    `fsdp`: `learner_gpus` learner ranks, one GPU each, shard policy, reference and critic
-    with FSDP2 (float32 master weights, compute in `model.dtype`) and split every minibatch
-    between them. The sharding is mem1_core.fsdp (tested); the trainer does not drive
-    several ranks yet, so a run refuses `fsdp` for now (mem1_core.ray_runtime)."""
+    `fsdp`: `learner_world` learner ranks (Ray actors forming one torch.distributed group,
+    one GPU each, or CPU ranks over gloo) shard policy, reference and critic with FSDP2
+    (float32 master weights, compute in `model.dtype`) and split every minibatch between
+    them (mem1_core.fsdp_learner). Checkpoints hold full weights in the single learner's
+    format, so evaluation and `--init` read them alike; their optimiser state is keyed by
+    parameter name, so a run resumes under the strategy it was saved with."""
+
+    @property
+    def learner_world(self) -> int:
+        """Learner processes: 1 under `single`, the FSDP ranks under `fsdp`."""
+        if self.learner_strategy != "fsdp":
+            return 1
+        return self.learner_ranks or int(self.learner_gpus)
 
     def __post_init__(self) -> None:
         if self.minibatch_size % self.micro_batch_size:
@@ -299,12 +313,31 @@ class PPOConfig(_Section):
             raise ValueError("ppo.kl_kind: use k1, k2 or k3")
         if self.learner_strategy not in ("single", "fsdp"):
             raise ValueError(f"ppo.learner_strategy={self.learner_strategy!r}: use single or fsdp")
-        if self.learner_strategy == "fsdp" and (
-            self.learner_gpus < 1 or not float(self.learner_gpus).is_integer()
-        ):
+        if self.learner_strategy == "fsdp":
+            self._check_fsdp_ranks()
+        elif self.learner_ranks:
+            raise ValueError(
+                "ppo.learner_ranks is the number of FSDP ranks: set ppo.learner_strategy=fsdp, "
+                "or leave learner_ranks at 0"
+            )
+
+    def _check_fsdp_ranks(self) -> None:
+        gpus, ranks = self.learner_gpus, self.learner_ranks
+        if gpus < 0 or not float(gpus).is_integer() or (gpus == 0 and ranks == 0):
             raise ValueError(
                 "ppo.learner_strategy=fsdp runs one learner process per GPU: set ppo.learner_gpus "
-                f"to a whole number >= 1 (got {self.learner_gpus})"
+                f"to a whole number >= 1 (got {gpus}), or, without GPUs, ppo.learner_ranks to "
+                "the number of CPU ranks"
+            )
+        if gpus and ranks and ranks != gpus:
+            raise ValueError(
+                f"ppo.learner_ranks={ranks} with ppo.learner_gpus={gpus:g}: an FSDP rank has one "
+                "GPU; set learner_ranks to 0 (one per GPU) or to learner_gpus"
+            )
+        if self.learner_world < 2:
+            raise ValueError(
+                "ppo.learner_strategy=fsdp with one rank shards nothing and only adds "
+                "collectives: use ppo.learner_strategy=single, or give it >= 2 ranks"
             )
 
 

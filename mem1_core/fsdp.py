@@ -3,10 +3,10 @@
 What is here: sharding the policy (as a `TreeLM`) and the critic over a device mesh with
 FSDP2 (`torch.distributed.fsdp.fully_shard`) so that `forward_tree` and `Critic.forward`
 run on the shards and their gradients, summed over ranks, are the unsharded model's
-(tests/test_fsdp.py: 2 ranks on CPU/gloo). What is not yet: the trainer's side (each rank
-taking its share of every minibatch, Ray actors forming the process group, full state
-dicts for weight sync and checkpoints): `ppo.learner_strategy=fsdp` is refused by
-mem1_core.ray_runtime until it is wired; see the notes at the end of this docstring.
+(tests/test_fsdp.py: 2 ranks on CPU/gloo); full state dicts out of the shards; and each
+rank's share of a minibatch. The trainer's side (`ppo.learner_strategy=fsdp`: Ray actors
+forming the process group, the PPO update split over ranks, weight sync and checkpoints)
+is mem1_core.fsdp_learner, wired as the notes at the end of this docstring say.
 
 Layout of the FSDP groups:
 - Each decoder layer is a group (all-gathered just before it runs, freed after).
@@ -27,13 +27,14 @@ Gradients are summed over ranks (divide factor 1), not averaged: every rank divi
 loss by the generated-token count of the whole minibatch (mem1_core.ppo's normalizer), so
 the sum is the full minibatch's gradient, exactly as with micro-batches.
 
-Wiring notes for the trainer (not done): ranks must run the same sequence of sharded
-forwards and backwards (each is a collective), so under FSDP every gradient pass uses the
-one-pass tree mask (the shared-prefix forward makes a data-dependent number of calls), every
-rank runs the same number of micro-batches (a rank short of rows runs one with an empty
-loss mask), and a non-finite loss must not skip a rank's backward (let it reach the
-gradient norm, which is global). Clip with `clip_grad_norm_` on the DTensor parameters
-(its norm is a DTensor: `.full_tensor()`); hand weights out with `full_state_dict`.
+Wiring notes for the trainer (followed by mem1_core.fsdp_learner): ranks must run the same
+sequence of sharded forwards and backwards (each is a collective), so under FSDP every
+pass, scoring included, uses the one-pass tree mask (the shared-prefix forward makes a
+data-dependent number of calls), every rank runs the same number of micro-batches (a rank
+short of rows runs one with an empty loss mask), and a non-finite loss must not skip a
+rank's backward (whether to step is decided from a flag summed over ranks). Clip with
+`clip_grad_norm_` on the DTensor parameters (its norm is a DTensor: `.full_tensor()`);
+hand weights out with `full_state_dict`.
 """
 
 from __future__ import annotations
@@ -119,9 +120,22 @@ def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
     state = get_model_state_dict(
         module, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
     )
+    if state:
+        _share_tied(module, state)
     if isinstance(module, TreeLM):
         state = {k.removeprefix("lm."): v for k, v in state.items()}
     return state
+
+
+def _share_tied(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Point the entries of tied parameters (one parameter under several names: the LM head
+    and the embedding) at one tensor, as the unsharded state dict has them; the gathered
+    dict holds a copy per name. save_pretrained then writes a tied weight once, as it does
+    for the unsharded model, and a weight sync ships it once."""
+    first: dict[int, str] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        if name in state:
+            state[name] = state[first.setdefault(id(param), name)]
 
 
 def rank_rows(rows: torch.Tensor, rank: int, world: int) -> torch.Tensor:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -388,21 +389,39 @@ def ppo_epochs(
     seq_bucket: int = 1,
 ) -> dict[str, float]:
     """`cfg.ppo_epochs` passes over shuffled minibatches of trajectories. -> mean metrics."""
-    b = rb.batch.input_ids.shape[0]
+
+    def step(rows: Tensor) -> dict[str, float] | None:
+        metrics = accumulate_gradients(
+            models, rb.batch, t, rows, cfg, attn, temperature, seq_bucket=seq_bucket
+        )
+        norms = optimizer_step(models, optimizers, cfg, guard, metrics)
+        if not norms:
+            return None
+        return {**{k: float(v) for k, v in metrics.items()}, **norms}
+
+    return run_epochs(rb.batch.input_ids, cfg, generator, step)
+
+
+def run_epochs(
+    input_ids: Tensor,
+    cfg: PPOConfig,
+    generator: torch.Generator | None,
+    step: Callable[[Tensor], dict[str, float] | None],
+) -> dict[str, float]:
+    """The epoch loop of every learner: `cfg.ppo_epochs` passes over the batch's rows in
+    shuffled minibatches; `step(rows)` trains on one and returns its metrics, or None when
+    it skipped the update. -> the metrics averaged over the steps taken, and the counts."""
     sums: dict[str, float] = {}
     steps = skipped = 0
     for _ in range(cfg.ppo_epochs):
-        order = torch.randperm(b, generator=generator).to(rb.batch.input_ids.device)
+        order = torch.randperm(input_ids.shape[0], generator=generator).to(input_ids.device)
         for rows in order.split(cfg.minibatch_size):
-            metrics = accumulate_gradients(
-                models, rb.batch, t, rows, cfg, attn, temperature, seq_bucket=seq_bucket
-            )
-            norms = optimizer_step(models, optimizers, cfg, guard, metrics)
-            if not norms:
+            done = step(rows)
+            if done is None:
                 skipped += 1
                 continue
             steps += 1
-            for k, v in {**{k: float(v) for k, v in metrics.items()}, **norms}.items():
+            for k, v in done.items():
                 sums[k] = sums.get(k, 0.0) + v
     out = {k: v / max(steps, 1) for k, v in sums.items()}
     return out | {"optimizer_steps": steps, "skipped_steps": skipped}

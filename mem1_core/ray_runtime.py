@@ -6,7 +6,10 @@
   retriever actor, an HTTP server, or its own in-process index); rolls out a share of each
   iteration's tasks.
 - `Learner`: policy, frozen reference, critic and optimisers; `update(trajectories)` is
-  mem1_core.ppo.update; `get_weights()` hands the policy's weights out on CPU.
+  mem1_core.ppo.update; `get_weights()` hands the policy's weights out on CPU. Under
+  `ppo.learner_strategy=fsdp` the learner is a group of ranks instead
+  (mem1_core.fsdp_learner.LearnerRank, same methods): `Runtime` calls every rank alike
+  (each call is a collective) and keeps rank 0's answer.
 - the retriever: mem1_core.retrieval.ray_actor.RetrieverActor, one per run.
 
 Weights go learner -> workers through the Ray object store: the driver passes the
@@ -324,6 +327,7 @@ class Learner:
             "nonfinite_total": self.guard.total,
             "nonfinite_in_row": self.guard.in_row,
             "estimator": self.estimator,
+            "learner_strategy": "single",
         }
         out = save_checkpoint(
             self.paths.checkpoints,
@@ -344,6 +348,12 @@ class Learner:
         saved = state.extra.get("estimator", self.estimator)
         if saved != self.estimator:
             raise ValueError(f"{path} was trained with estimator {saved!r}, not {self.estimator!r}")
+        strategy = state.extra.get("learner_strategy", "single")
+        if strategy != "single":  # its optimiser state is keyed by name, not by position
+            raise ValueError(
+                f"{path} was saved by the {strategy!r} learner: resume it with "
+                f"ppo.learner_strategy={strategy}, or start a new run from its weights (--init)"
+            )
         self.guard.total = int(state.extra.get("nonfinite_total", 0))
         self.guard.in_row = int(state.extra.get("nonfinite_in_row", 0))
         return state
@@ -369,7 +379,11 @@ def start_ray(ppo: PPOConfig, *, log_to_driver: bool = False) -> bool:
         # A private cluster living as long as this run, on localhost, dashboard off: token
         # auth (Ray's default) would only write a token file. Set RAY_AUTH_MODE to override.
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        need = ppo.num_rollout_workers * ppo.cpus_per_worker + ppo.learner_cpus + RETRIEVER_CPUS
+        need = (
+            ppo.num_rollout_workers * ppo.cpus_per_worker
+            + ppo.learner_world * ppo.learner_cpus
+            + RETRIEVER_CPUS
+        )
         ray.init(
             num_cpus=max(os.cpu_count() or 1, math.ceil(need)),
             include_dashboard=False,
@@ -387,17 +401,19 @@ def start_ray(ppo: PPOConfig, *, log_to_driver: bool = False) -> bool:
 
 
 class Runtime:
-    """Workers and learner, remote (Ray actors) or local (plain objects), called alike."""
+    """Workers and learner, remote (Ray actors) or local (plain objects), called alike.
+    `learners` is the one Learner, or the FSDP group's ranks (rank 0 first): every learner
+    call goes to all of them and returns rank 0's answer."""
 
     def __init__(
         self,
         workers: list[Any],
-        learner: Any,
+        learners: list[Any],
         remote: bool,
         owns_ray: bool = False,
         retriever: Any = None,
     ):
-        self.workers, self.learner, self.remote = workers, learner, remote
+        self.workers, self.learners, self.remote = workers, learners, remote
         self.owns_ray, self.retriever = owns_ray, retriever
 
     @classmethod
@@ -413,17 +429,17 @@ class Runtime:
     ) -> Runtime:
         init_s = None if init is None else str(init)
         ppo, root = cfg.ppo, str(paths.root)
-        if ppo.learner_strategy != "single":
-            raise NotImplementedError(
-                f"ppo.learner_strategy={ppo.learner_strategy}: mem1_core.fsdp shards the models, "
-                "but the trainer does not run several learner ranks yet (issue #7); use "
-                "ppo.learner_strategy=single"
+        fsdp = ppo.learner_strategy == "fsdp"
+        if fsdp and not use_ray:
+            raise ValueError(
+                "ppo.learner_strategy=fsdp runs each learner rank as a Ray actor: run with Ray "
+                "(drop --no-ray), or use ppo.learner_strategy=single"
             )
         cfg = resolve_backend(cfg)
         require_vllm(cfg)  # here, not as an actor's constructor error after Ray has started
         if not use_ray:
             workers = [RolloutWorker(cfg, root, init_s) for _ in range(ppo.num_rollout_workers)]
-            return cls(workers, Learner(cfg, root, init_s, estimator), remote=False)
+            return cls(workers, [Learner(cfg, root, init_s, estimator)], remote=False)
         import ray
 
         from mem1_core.assets import ensure_index
@@ -441,12 +457,23 @@ class Runtime:
             worker_cls.remote(cfg, root, init_s, retriever, threads)
             for _ in range(ppo.num_rollout_workers)
         ]
-        learner = (
-            ray.remote(Learner)
-            .options(num_cpus=ppo.learner_cpus, num_gpus=ppo.learner_gpus)
-            .remote(cfg, root, init_s, estimator, max(1, int(ppo.learner_cpus)))
-        )
-        return cls(workers, learner, remote=True, owns_ray=owns, retriever=retriever)
+        runtime = cls(workers, [], remote=True, owns_ray=owns, retriever=retriever)
+        try:
+            if fsdp:  # waits until the group has formed and loaded its shards
+                from mem1_core.fsdp_learner import start_learner_group
+
+                runtime.learners = start_learner_group(cfg, root, init_s, estimator)
+            else:
+                learner = (
+                    ray.remote(Learner)
+                    .options(num_cpus=ppo.learner_cpus, num_gpus=ppo.learner_gpus)
+                    .remote(cfg, root, init_s, estimator, max(1, int(ppo.learner_cpus)))
+                )
+                runtime.learners = [learner]
+        except BaseException:
+            runtime.shutdown()
+            raise
+        return runtime
 
     def _call(self, target: Any, method: str, *args: Any, **kwargs: Any) -> Any:
         fn = getattr(target, method)
@@ -480,26 +507,50 @@ class Runtime:
         ]
         return [t for part in self._get(parts) for t in part]
 
+    def _on_learners(self, method: str, *args: Any) -> Any:
+        """Call `method` on every learner rank at once (a collective); -> rank 0's answer."""
+        return self._get_all([self._call(r, method, *args) for r in self.learners])[0]
+
+    def _get_all(self, values: list[Any]) -> list[Any]:
+        """`_get` of several calls that raises as soon as one of them fails: a failed rank
+        leaves the others waiting in a collective, which would hold a plain ray.get of the
+        list until the process group's timeout (shutdown then kills them)."""
+        if not self.remote:
+            return values
+        import ray
+
+        pending = list(values)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            ray.get(done)
+        return ray.get(values)
+
     def update(self, trajs: list[Trajectory], iteration: int) -> dict[str, Any]:
-        return self._get(self._call(self.learner, "update", trajs, iteration))
+        if self.remote and len(self.learners) > 1:
+            import ray
+
+            trajs = ray.put(trajs)  # stored once, read by every rank
+        return self._on_learners("update", trajs, iteration)
 
     def sync_weights(self) -> None:
-        """Learner -> object store -> every worker (an ObjectRef is resolved in the worker)."""
-        weights = self._call(self.learner, "get_weights")
-        self._get([self._call(w, "load_weights", weights) for w in self.workers])
+        """Learner -> object store -> every worker (an ObjectRef is resolved in the worker).
+        FSDP ranks gather the full weights together; rank 0's copy is the one sent."""
+        weights = [self._call(r, "get_weights") for r in self.learners]
+        loads = [self._call(w, "load_weights", weights[0]) for w in self.workers]
+        self._get_all([*loads, *weights[1:]])
 
     def save(self, state: TrainState) -> Path:
-        return Path(self._get(self._call(self.learner, "save", state)))
+        return Path(self._on_learners("save", state))
 
     def restore(self, path: Path) -> TrainState:
-        return self._get(self._call(self.learner, "restore", str(path)))
+        return self._on_learners("restore", str(path))
 
     def shutdown(self) -> None:
         if not self.remote:
             return
         import ray
 
-        for actor in [*self.workers, self.learner, self.retriever]:
+        for actor in [*self.workers, *self.learners, self.retriever]:
             if actor is not None:
                 ray.kill(actor)
         if self.owns_ray:

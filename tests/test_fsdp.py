@@ -1,15 +1,21 @@
-"""FSDP2 sharding for the flattened-tree forward (mem1_core.fsdp, issue #7), on CPU: two
-ranks (gloo) each run their half of a batch of trees through the sharded policy and critic;
-the summed gradients, the gradient norm, one AdamW step and the full state dict equal those
-of the unsharded models on the whole batch. The CUDA path (NCCL, bf16 compute over float32
-master weights) is the same code with another mesh and `param_dtype`."""
+"""FSDP2 for the learner (mem1_core.fsdp, mem1_core.fsdp_learner; issue #7), on CPU with two
+gloo ranks. The sharding: each rank runs its half of a batch of trees through the sharded
+policy and critic; the summed gradients, the gradient norm, one AdamW step and the full
+state dict equal those of the unsharded models on the whole batch. The learner group (two
+Ray actors): one PPO update, with a critic (gae) and without (grpo), gives the single
+learner's weights on the same trajectories; a checkpoint restores the group exactly and
+reads as a single learner's; and `train_rl` trains, checkpoints and resumes with it. The
+CUDA path (NCCL, bf16 compute over float32 master weights) is the same code with another
+mesh and `param_dtype`."""
 
 from __future__ import annotations
 
 import copy
+import json
 import os
 import random
 import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -130,11 +136,204 @@ def test_two_fsdp_ranks_give_the_unsharded_gradient_step_and_weights():
     mp.spawn(_worker, args=(2, _free_port()), nprocs=2, join=True)
 
 
-def test_the_trainer_refuses_fsdp_until_it_runs_ranks(tmp_path):
+# ---- the learner group ---------------------------------------------------------------------
+
+GROUP = [
+    "ppo.learner_cpus=1",  # one torch thread per rank
+    "ppo.minibatch_size=4",
+    "ppo.micro_batch_size=1",  # 5 trajectories: uneven shares, and rank 1 runs stand-ins
+    "ppo.ppo_epochs=1",
+    "ppo.actor_lr=1e-3",
+    "ppo.critic_lr=1e-3",
+    "ppo.kl_coef=0.01",
+    "ppo.entropy_coef=0.05",
+    "rollout.gen_tokens_base=12",
+    "rollout.gen_tokens_per_objective=2",
+    "data.max_eval_tasks=2",
+]
+FSDP = ["ppo.learner_strategy=fsdp", "ppo.learner_ranks=2"]
+
+
+def _config(*extra: str):
+    from mem1_core.config import load_config
+
+    return load_config("smoke", None, [*GROUP, *extra])
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """One private Ray for this module's groups and runs (train_rl then does not own it)."""
+    ray = pytest.importorskip("ray")
+    from mem1_core.ray_runtime import start_ray
+
+    owns = start_ray(_config(*FSDP).ppo)
+    yield
+    if owns:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def rolled(tmp_path_factory):
+    """A prepared run directory and 5 trajectories of the initial policy (3 tasks x 2
+    samples, the last dropped), the first sample of each task declared right so that the
+    advantages are not all zero."""
+    from mem1_core.assets import load_tasks, prepare
+    from mem1_core.ray_runtime import RolloutWorker
+
+    cfg = _config()
+    root = tmp_path_factory.mktemp("fsdp_run")
+    paths = prepare(cfg, root)
+    tasks = load_tasks(cfg, paths, "train", cfg.data.train_objectives)[:3]
+    trajs = RolloutWorker(cfg, str(root)).rollout(tasks, seed=0, samples_per_task=2)[:5]
+    for t in trajs:
+        t.em = [float(t.sample == 0)] * len(t.em)
+    return root, trajs
+
+
+def _on_all(ranks, method, *args):
+    import ray
+
+    return ray.get([getattr(r, method).remote(*args) for r in ranks])
+
+
+ADAM_NOISE = 1e-4
+"""Weights after AdamW steps at lr 1e-3 agree to lr / 10, not to float precision: Adam's
+first step moves a weight by about lr * g / (|g| + eps), so where a gradient entry is near
+eps (embedding rows of tokens seen only in a context) a float-level difference of the
+forward (the group's one-pass mask against the single learner's shared prefix) shows as a
+fraction of lr: the single learner against itself with the one-pass mask differs by 5e-5
+(measured). A wrong gradient moves weights by ~2 lr; gradient norms and losses are
+compared to 1e-4 relative besides (their float32 sums are off by ~1e-5 either way)."""
+
+
+def _assert_same_weights(got, want, atol=ADAM_NOISE):
+    assert got.keys() == want.keys()
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], atol=atol, rtol=atol, msg=k)
+
+
+def test_every_rank_runs_as_many_micro_batches():
+    from mem1_core.fsdp_learner import Rank, rank_micro_batches
+    from mem1_core.tree import Segment, collate, flatten
+
+    trees = [flatten([[Segment(("p",), (1,) * (3 + i), True)]]) for i in range(5)]
+    batch = collate(trees, 0)
+    for rows, size in (([4, 0, 2], 1), ([3], 2), ([1, 2, 3, 4, 0], 2)):
+        rows = torch.tensor(rows)
+        plans = [rank_micro_batches(rows, size, batch, 1, Rank(r, 2)) for r in range(2)]
+        assert len(plans[0]) == len(plans[1])  # the same passes on every rank
+        real = [m for plan in plans for m, _, is_real in plan if is_real]
+        assert sorted(torch.cat(real).tolist()) == sorted(rows.tolist())  # each row once
+        for plan in plans:
+            for m, n, _ in plan:
+                assert len(m) <= size and n == int(batch.seq_lens[m].max())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("estimator", ["gae", "grpo"])
+def test_the_fsdp_group_updates_saves_and_restores_as_the_single_learner(
+    estimator, rolled, ray_session
+):
+    import ray
+
+    from mem1_core.checkpoint import TrainState, read_state
+    from mem1_core.critic import Critic
+    from mem1_core.fsdp_learner import start_learner_group
+    from mem1_core.ray_runtime import Learner
+
+    root, trajs = rolled
+    single = Learner(_config(), str(root), None, estimator, threads=1)
+    before = {k: v.clone() for k, v in single.get_weights().items()}  # on CPU: not copies
+    want = single.update(trajs, 0)
+    want_weights = single.get_weights()
+    ranks = start_learner_group(_config(*FSDP), str(root), None, estimator)
+    try:
+        got = _on_all(ranks, "update", trajs, 0)[0]
+        weights, nothing = _on_all(ranks, "get_weights")
+        assert nothing == {}  # rank 0 hands the weights out
+        _assert_same_weights(weights, want_weights)
+        assert any(not torch.equal(weights[k], before[k]) for k in before)  # it did move
+        assert got["optimizer_steps"] == want["optimizer_steps"] == 2
+        assert got["skipped_steps"] == 0 and got["gen_tokens"] == want["gen_tokens"]
+        norms = [k for k in want if k.endswith("_grad_norm")]
+        assert norms == ["policy_grad_norm"] + (["critic_grad_norm"] if estimator == "gae" else [])
+        for k in [*norms, "pg_loss", "approx_kl", "entropy", "reward", "advantage_mean"]:
+            assert got[k] == pytest.approx(want[k], rel=1e-4, abs=1e-6), k
+
+        # A checkpoint in the single learner's files: what --init and evaluation read.
+        path = Path(_on_all(ranks, "save", TrainState(1, 2.0, {"init": None}))[0])
+        assert read_state(path).extra["learner_strategy"] == "fsdp"
+        warm = Learner(_config(), str(root), str(path / "policy"), estimator, threads=1)
+        _assert_same_weights(warm.get_weights(), weights, atol=0.0)
+        if estimator == "gae":
+            critic = Critic.load(path / "critic").state_dict()
+            _assert_same_weights(critic, warm.models.critic.state_dict(), atol=0.0)
+        with pytest.raises(ValueError, match="learner_strategy=fsdp"):
+            warm.restore(str(path))  # its optimiser state is keyed for the group
+
+        # Resume: back to the checkpoint, the next update is the same as without the stop.
+        _on_all(ranks, "update", trajs, 1)
+        after = _on_all(ranks, "get_weights")[0]
+        state = _on_all(ranks, "restore", str(path))[0]
+        assert state == TrainState(1, 2.0, read_state(path).extra)
+        _assert_same_weights(_on_all(ranks, "get_weights")[0], weights, atol=0.0)
+        _on_all(ranks, "update", trajs, 1)
+        _assert_same_weights(_on_all(ranks, "get_weights")[0], after, atol=0.0)
+
+        if estimator == "grpo":  # NaN advantages in one group: some ranks' losses only
+            bad = copy.deepcopy(trajs)
+            bad[0].em = [float("nan")] * len(bad[0].em)
+            want, got = single.update(bad, 2), _on_all(ranks, "update", bad, 2)[0]
+            assert got["skipped_steps"] == want["skipped_steps"] >= 1  # all ranks skip alike
+            assert got["optimizer_steps"] == want["optimizer_steps"]
+            assert got["nonfinite_total"] == want["nonfinite_total"] == want["skipped_steps"]
+    finally:
+        for r in ranks:
+            ray.kill(r)
+
+
+@pytest.mark.slow
+def test_train_rl_with_an_fsdp_learner_trains_checkpoints_and_resumes(
+    tmp_path, monkeypatch, ray_session
+):
+    from mem1_core.assets import RunPaths, ensure_tokenizer
+    from mem1_core.checkpoint import read_state
+    from mem1_core.model import load_model
+    from mem1_core.train_rl import train_rl
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    out = tmp_path / "run"
+    run = [*FSDP, "ppo.tasks_per_iteration=4", "ppo.minutes=60", "ppo.checkpoint_every=1"]
+    first = train_rl(_config(*run, "ppo.iterations=1"), out, use_ray=True, show=False)
+    assert first["iterations"] == 1 and first["checkpoint"].endswith("iter_000001")
+    ckpt = Path(first["checkpoint"])
+    assert read_state(ckpt).extra["learner_strategy"] == "fsdp"
+    cfg = _config(*run, "ppo.iterations=2")
+    load_model(ckpt / "policy", cfg.model, ensure_tokenizer(cfg, RunPaths(out)))  # loads alone
+
+    second = train_rl(cfg, out, resume=True, use_ray=True, show=False)
+    assert second["iterations"] == 2 and second["checkpoint"].endswith("iter_000002")
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [0, 1]
+    assert all(r["train/optimizer_steps"] == 1 and r["train/skipped_steps"] == 0 for r in rows)
+    # The resumed workers sampled with the restored group's weights.
+    assert rows[1]["train/logp_mismatch_max"] < 1e-4
+
+
+def test_impossible_fsdp_settings_fail_with_the_way_out(tmp_path):
     from mem1_core.assets import RunPaths
     from mem1_core.config import load_config
     from mem1_core.ray_runtime import Runtime
 
-    cfg = load_config("smoke", None, ["ppo.learner_strategy=fsdp", "ppo.learner_gpus=2"])
-    with pytest.raises(NotImplementedError, match="learner_strategy=fsdp"):
+    cfg = load_config("smoke", None, FSDP)
+    assert cfg.ppo.learner_world == 2 and load_config("smoke").ppo.learner_world == 1
+    with pytest.raises(ValueError, match="Ray"):
         Runtime.start(cfg, RunPaths(tmp_path), init=None, estimator="gae", use_ray=False)
+    for overrides, message in (
+        (["ppo.learner_strategy=fsdp", "ppo.learner_gpus=1"], "one rank"),
+        (["ppo.learner_strategy=fsdp", "ppo.learner_ranks=1"], "one rank"),
+        (["ppo.learner_strategy=fsdp", "ppo.learner_gpus=4", "ppo.learner_ranks=2"], "one GPU"),
+        (["ppo.learner_ranks=2"], "learner_strategy=fsdp"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            load_config("smoke", None, overrides)
