@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -29,6 +30,7 @@ from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
 
 from flows.common import build_config, publish_markdown, publish_table
+from mem1_core.actor_pool import reuse_actors
 from mem1_core.config import config_json
 from mem1_core.io import write_json, write_text
 
@@ -176,6 +178,9 @@ PIPELINE: tuple[str, ...] = (
 )
 """Every stage of the pipeline, in the order it runs."""
 
+LAST_RAY_STAGE = "train-baselines"
+"""The last stage that trains on Ray actors (mem1_core.actor_pool keeps them until then)."""
+
 STAGES: dict[str, Stage] = {
     "compose-tasks": _compose,
     "build-index": _index,
@@ -305,19 +310,27 @@ def mem1(
     failed: str | None = None
     error: str | None = None
     try:
-        for name in PIPELINE:
-            stage = STAGES.get(name)
-            if stage is None:
-                continue
-            ctx = RunContext(profile, config_path, list(overrides or []), run_dir, dict(results))
-            t0 = time.perf_counter()
-            try:
-                results[name] = stage(ctx)
-            except BaseException:
-                failed, error = name, traceback.format_exc(limit=5)
-                raise
-            finally:
-                seconds[name] = round(time.perf_counter() - t0, 2)
+        with ExitStack() as actors:
+            # The training stages share their Ray actors (start-up is ~30 s of imports per
+            # run on a laptop); they are stopped once the last of them is done.
+            actors.enter_context(reuse_actors())
+            for name in PIPELINE:
+                stage = STAGES.get(name)
+                if stage is None:
+                    continue
+                ctx = RunContext(
+                    profile, config_path, list(overrides or []), run_dir, dict(results)
+                )
+                t0 = time.perf_counter()
+                try:
+                    results[name] = stage(ctx)
+                except BaseException:
+                    failed, error = name, traceback.format_exc(limit=5)
+                    raise
+                finally:
+                    seconds[name] = round(time.perf_counter() - t0, 2)
+                if name == LAST_RAY_STAGE:
+                    actors.close()
     finally:
         summary = {
             "run_name": run_name,

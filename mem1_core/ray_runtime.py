@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from mem1_core import actor_pool
 from mem1_core.assets import RunPaths, ensure_tokenizer, initial_policy, make_env
 from mem1_core.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
 from mem1_core.config import Config, PPOConfig
@@ -175,6 +176,17 @@ def _vllm_backend(cfg: Config, paths: RunPaths, tokenizer: Any, init: Path | Non
 # ---- actors (plain classes; `Runtime` wraps them with ray.remote) --------------------------
 
 
+def _drop_state(actor: object) -> None:
+    """Free an actor's models before it builds new ones: on a GPU, two policies (and a
+    learner's optimiser states) at once may not fit."""
+    import gc
+
+    actor.__dict__.clear()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 class RolloutWorker:
     """Generates trajectories with the latest weights the learner sent."""
 
@@ -209,6 +221,11 @@ class RolloutWorker:
 
             retriever = RayRetriever(retriever)
         self.env = make_env(cfg, paths, tok, retriever)  # None: make_retriever(cfg, paths)
+
+    def reset(self, *args: Any) -> None:
+        """Become a fresh worker for another run, in this process (mem1_core.actor_pool)."""
+        _drop_state(self)
+        self.__init__(*args)
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         self.backend.load_state_dict(state)
@@ -295,6 +312,11 @@ class Learner:
                 critic.parameters(), lr=cfg.ppo.critic_lr, weight_decay=0.0
             )
         self.guard = NonFiniteGuard(cfg.ppo.max_nonfinite_in_row)
+
+    def reset(self, *args: Any) -> None:
+        """Become a fresh learner for another run, in this process (mem1_core.actor_pool)."""
+        _drop_state(self)
+        self.__init__(*args)
 
     def update(self, trajs: list[Trajectory], iteration: int) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -400,6 +422,30 @@ def start_ray(ppo: PPOConfig, *, log_to_driver: bool = False) -> bool:
     return True
 
 
+def _reuse_key(cfg: Config, index: Path | None) -> tuple:
+    """What a parked runtime must share with a new run to serve it (mem1_core.actor_pool):
+    the resources and placement of its actors, the generation backend and model family they
+    loaded, and the corpus its retriever serves (by fingerprint: each stage of a pipeline
+    has its own copy of the same index)."""
+    from mem1_core.retrieval.base import read_manifest
+
+    ppo = cfg.ppo
+    corpus = None if index is None else read_manifest(index).corpus_fingerprint
+    return (
+        ppo.num_rollout_workers,
+        ppo.cpus_per_worker,
+        ppo.gpus_per_worker,
+        ppo.learner_cpus,
+        ppo.learner_gpus,
+        ppo.ray_address,
+        cfg.rollout.backend,
+        cfg.model.name_or_path,
+        cfg.retrieval.kind,
+        cfg.retrieval.url,
+        corpus,
+    )
+
+
 class Runtime:
     """Workers and learner, remote (Ray actors) or local (plain objects), called alike.
     `learners` is the one Learner, or the FSDP group's ranks (rank 0 first): every learner
@@ -415,6 +461,8 @@ class Runtime:
     ):
         self.workers, self.learners, self.remote = workers, learners, remote
         self.owns_ray, self.retriever = owns_ray, retriever
+        self.reuse_key: tuple | None = None
+        """Set when these actors may serve a later run of the same shape (actor_pool)."""
 
     @classmethod
     def start(
@@ -445,10 +493,24 @@ class Runtime:
         from mem1_core.assets import ensure_index
         from mem1_core.retrieval.ray_actor import start_retriever_actor
 
+        index = None if cfg.retrieval.url else ensure_index(cfg, paths)
+        # Not reused: an FSDP group (its process group) and vLLM engines (a second engine in
+        # the same process would not get the first one's GPU memory back).
+        reusable = not fsdp and cfg.rollout.backend != "vllm"
+        key = _reuse_key(cfg, index) if reusable else None
+        if key is not None and (parked := actor_pool.take(key)) is not None:
+            try:
+                parked.reset(cfg, root, init_s, estimator)
+                return parked
+            except Exception:  # noqa: BLE001 - a dead actor: start afresh instead
+                log.warning(
+                    "parked Ray actors could not be reset; starting new ones", exc_info=True
+                )
+                parked.shutdown(park=False)
         owns = start_ray(ppo, log_to_driver=log_to_driver)
         retriever = None
-        if not cfg.retrieval.url:  # an HTTP retriever is already shared
-            retriever = start_retriever_actor(ensure_index(cfg, paths), num_cpus=RETRIEVER_CPUS)
+        if index is not None:  # else an HTTP retriever is already shared
+            retriever = start_retriever_actor(index, num_cpus=RETRIEVER_CPUS)
         worker_cls = ray.remote(RolloutWorker).options(
             num_cpus=ppo.cpus_per_worker, num_gpus=ppo.gpus_per_worker
         )
@@ -458,6 +520,7 @@ class Runtime:
             for _ in range(ppo.num_rollout_workers)
         ]
         runtime = cls(workers, [], remote=True, owns_ray=owns, retriever=retriever)
+        runtime.reuse_key = key
         try:
             if fsdp:  # waits until the group has formed and loaded its shards
                 from mem1_core.fsdp_learner import start_learner_group
@@ -545,8 +608,26 @@ class Runtime:
     def restore(self, path: Path) -> TrainState:
         return self._on_learners("restore", str(path))
 
-    def shutdown(self) -> None:
+    def reset(self, cfg: Config, root: str, init: str | None, estimator: str) -> None:
+        """Reuse these actors for another run: each runs its constructor again with the new
+        run's config, directory and policy (the retriever serves the same corpus: the key)."""
+        ppo = cfg.ppo
+        workers = [
+            w.reset.remote(cfg, root, init, self.retriever, max(1, int(ppo.cpus_per_worker)))
+            for w in self.workers
+        ]
+        learners = [
+            r.reset.remote(cfg, root, init, estimator, max(1, int(ppo.learner_cpus)))
+            for r in self.learners
+        ]
+        self._get_all([*workers, *learners])
+
+    def shutdown(self, park: bool = True) -> None:
+        """Stop the actors (and the Ray this runtime started); inside
+        `actor_pool.reuse_actors()` they are parked for the next run instead."""
         if not self.remote:
+            return
+        if park and self.reuse_key is not None and actor_pool.park(self.reuse_key, self):
             return
         import ray
 

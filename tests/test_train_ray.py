@@ -79,3 +79,40 @@ def test_smoke_ppo_through_ray(tmp_path, monkeypatch, ray_cleanup):
     before, _ = _tree_logprobs(initial_policy(cfg, tok), trajs, tok.pad_token_id)
     assert float((before - recorded).abs().max()) > 1e-3
     assert rows[1]["train/logp_mismatch_max"] < 1e-4
+
+
+@pytest.mark.slow
+def test_runs_inside_reuse_actors_share_the_actors_and_train_as_fresh_ones(
+    tmp_path, monkeypatch, ray_cleanup
+):
+    """The pipeline's two PPO stages (memory policies `mem1` then `full`) run on one set of
+    actors; the second run must train exactly as it does on actors of its own."""
+    import ray
+    from safetensors.torch import load_file
+
+    from mem1_core import actor_pool
+    from mem1_core.train_rl import train_rl
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    one = [*OVERRIDES, "ppo.iterations=1"]
+    mem1 = load_config("smoke", overrides=one)
+    full = load_config("smoke", overrides=[*one, "rollout.policy=full"])
+    fresh = train_rl(full, tmp_path / "fresh", use_ray=True, show=False)
+    assert not ray.is_initialized()  # outside the pool a run stops what it started
+    with actor_pool.reuse_actors():
+        train_rl(mem1, tmp_path / "a", use_ray=True, show=False)
+        (parked,) = actor_pool._parked.values()
+        reused = train_rl(full, tmp_path / "b", use_ray=True, show=False)
+        assert list(actor_pool._parked.values()) == [parked]  # run b ran on run a's actors
+        assert ray.is_initialized()
+    assert not ray.is_initialized()  # leaving the pool stopped the actors and their Ray
+
+    def weights(result):
+        return load_file(f"{result['checkpoint']}/policy/model.safetensors")
+
+    want, got = weights(fresh), weights(reused)
+    assert want.keys() == got.keys()
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-6, msg=k)
+    for k in ("reward", "train/pg_loss", "train/policy_grad_norm", "train/vf_loss"):
+        assert reused["metrics"][k] == pytest.approx(fresh["metrics"][k], rel=1e-5, abs=1e-7), k
