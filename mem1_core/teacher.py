@@ -98,12 +98,16 @@ class ScriptedTeacher:
             query = nxt.query
             return (
                 f"{IS_OPEN} {state} Next: Q{nxt.objective + 1}. {IS_CLOSE}"
-                f"{QUERY_OPEN}{query}{QUERY_CLOSE}"
+                f"{QUERY_OPEN} {query}{QUERY_CLOSE}"
             )
+        # A space after <query> / <answer>: the tiny tokenizer's words carry their leading
+        # space (▁), and a word glued to a tag is other tokens ("<answer>1718" is 1,7,1,8
+        # where the state and the documents say ▁1718), so copying a name or a year into
+        # the action would be a spelling lesson per entity instead of a copy of the same ids.
         answers = [
             self._maybe_wrong(final_answer(s, f), s) for s, f in zip(steps, found, strict=True)
         ]
-        return f"{IS_OPEN} {state} {IS_CLOSE}{ANSWER_OPEN}{join_answers(answers)}{ANSWER_CLOSE}"
+        return f"{IS_OPEN} {state} {IS_CLOSE}{ANSWER_OPEN} {join_answers(answers)}{ANSWER_CLOSE}"
 
     @staticmethod
     def state_text(task: Task, steps: list[list[Step]], found: list[list[str | None]]) -> str:

@@ -63,6 +63,29 @@ def test_teacher_state_carries_forward_what_it_found(small_tasks, small_tokenize
                 assert f"Q{i + 1}:" in last_state
 
 
+def test_teacher_actions_use_the_same_tokens_as_the_documents(small_tasks, small_tokenizer, env):
+    """A name or year the teacher queries or answers is the same token ids as in running
+    text (a state, a document: after a space), not another spelling glued to the tag."""
+    from mem1_core.prompts import split_answers
+
+    tasks = small_tasks[:8]
+    trajs = rollout(tasks, ScriptedTeacher(small_tokenizer, tasks), env, CFG, policy="mem1")
+    checked = 0
+    for t in trajs:
+        for turn in t.turns:
+            ids = list(turn.gen_ids)
+            open_tag = "<answer>" if turn.action is Action.ANSWER else "<query>"
+            start = ids.index(small_tokenizer.convert_tokens_to_ids(open_tag)) + 1
+            action = small_tokenizer.decode(ids[start:-1])
+            values = split_answers(action) if turn.action is Action.ANSWER else [action.strip()]
+            for v in values:
+                want = small_tokenizer.encode(" " + v, add_special_tokens=False)
+                got = ids[start:-1]
+                assert any(got[i : i + len(want)] == want for i in range(len(got))), (v, action)
+                checked += 1
+    assert checked >= 2 * len(trajs)
+
+
 def test_teacher_errs_on_purpose(small_tasks, small_tokenizer, env):
     tasks = small_tasks[:8]
     wrong = rollout(tasks, ScriptedTeacher(small_tokenizer, tasks, error_rate=1.0), env, CFG)
