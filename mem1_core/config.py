@@ -359,7 +359,15 @@ class Config(_Section):
 PROFILES: dict[str, dict[str, Any]] = {
     # The embedded CPU default. Two passages per <info> keep the turns short, so the tiny
     # model trains on more turns per minute; the paper's topk=3 is the `paper` profile's.
-    "tiny": {"retrieval": {"topk": 2}},
+    "tiny": {
+        "retrieval": {"topk": 2},
+        # The default `train-eval` on a 2-core laptop in about 15 minutes: the warm start, then
+        # the three arms of the ablation on equal budgets, then the evaluation of six agents
+        # (8 test tasks per N). Learning needs longer budgets (README, "Budget").
+        "sft": {"warm_start_minutes": 7.0, "minutes": 1.5},
+        "ppo": {"minutes": 1.5},
+        "data": {"max_eval_tasks": 8},
+    },
     "smoke": {
         "world": {"n_countries": 6, "n_cities": 24, "n_people": 160, "n_orgs": 32, "n_works": 64},
         "data": {"eval_objectives": (1, 2, 4), "max_eval_tasks": 8, "max_train_tasks": 64},
