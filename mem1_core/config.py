@@ -370,7 +370,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     },
     "smoke": {
         "world": {"n_countries": 6, "n_cities": 24, "n_people": 160, "n_orgs": 32, "n_works": 64},
-        "data": {"eval_objectives": (1, 2, 4), "max_eval_tasks": 8, "max_train_tasks": 64},
+        "data": {"eval_objectives": (1, 2, 4), "max_eval_tasks": 4, "max_train_tasks": 64},
         "model": {
             "hidden_size": 64,
             "num_layers": 2,
