@@ -37,7 +37,8 @@ from flows.pipeline import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-# Every stage of the smoke pipeline (two PPO runs on Ray included): ~4 min on a busy 2-core box.
+# Every stage of the smoke pipeline (two PPO runs on shared Ray actors included): ~2 min on an
+# idle 2-core box (measured 119.6 s), several times that on a loaded one.
 E2E_TIMEOUT_S = 600
 
 
