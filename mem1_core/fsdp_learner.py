@@ -6,10 +6,11 @@ the frozen reference and the critic (mem1_core.fsdp), form one torch.distributed
 and hands the address to the others (`start_learner_group`). The driver
 (mem1_core.ray_runtime.Runtime) calls every rank alike and keeps rank 0's answer.
 
-`sharded_update` is mem1_core.ppo.update with the rows split over ranks. Every rank gets
-the same trajectories, so it builds the same flattened batch, the same minibatch order (a
-generator seeded per iteration) and, after scoring, the same advantages; it computes only
-its share (`rank_rows`) of each pass:
+`LearnerRank.update` is mem1_core.ppo.update with its two passes, `sharded_score` and
+`sharded_epochs`, splitting the rows over ranks. Every rank gets the same trajectories, so
+it builds the same flattened batch, the same minibatch order (a generator seeded per
+iteration) and, after scoring, the same advantages; it computes only its share (`rank_rows`)
+of each pass:
 - Scoring: each rank scores its share of the rows; the old / reference log-probs and
   values are summed over ranks (a row is filled on one rank and 0 on the others, so the
   sum is exact), and from there every rank holds the whole batch's targets.
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import logging
 import math
 import time
@@ -64,13 +66,11 @@ from mem1_core.ppo import (
     NonFiniteGuard,
     RolloutBatch,
     Targets,
-    batch_stats,
-    estimate_advantages,
     get_estimator,
-    make_rollout_batch,
     ppo_loss,
     run_epochs,
     select_rows,
+    update,
 )
 from mem1_core.ray_runtime import KEEP_CHECKPOINTS
 from mem1_core.trajectory import Trajectory
@@ -130,9 +130,9 @@ def sharded_score(
     rb: RolloutBatch,
     attn: str,
     micro_batch_size: int,
-    me: Rank,
     temperature: float = 1.0,
     *,
+    me: Rank,
     seq_bucket: int = 1,
 ) -> Targets:
     """mem1_core.ppo.score with every rank scoring its share of the rows; the results are
@@ -255,10 +255,10 @@ def sharded_epochs(
     cfg: PPOConfig,
     attn: str,
     guard: NonFiniteGuard,
-    me: Rank,
     generator: torch.Generator | None = None,
     temperature: float = 1.0,
     *,
+    me: Rank,
     seq_bucket: int = 1,
 ) -> dict[str, float]:
     """mem1_core.ppo.ppo_epochs over ranks: the same shuffled minibatches on every rank (the
@@ -271,48 +271,6 @@ def sharded_epochs(
         return sharded_step(models, optimizers, cfg, guard, metrics, finite)
 
     return run_epochs(rb.batch.input_ids, cfg, generator, step)
-
-
-def sharded_update(
-    models: Models,
-    optimizers: dict[str, torch.optim.Optimizer],
-    trajs: list[Trajectory],
-    cfg: PPOConfig,
-    me: Rank,
-    *,
-    estimator: str,
-    attn: str,
-    pad_id: int,
-    guard: NonFiniteGuard,
-    generator: torch.Generator | None = None,
-    temperature: float = 1.0,
-    seq_bucket: int = 1,
-) -> dict[str, Any]:
-    """mem1_core.ppo.update on one rank of the group (every rank calls it with the same
-    trajectories); `models` are TreeLM / Critic FSDP roots. -> stats (floats, global)."""
-    if get_estimator(estimator).uses_critic != (models.critic is not None):
-        raise ValueError(f"estimator {estimator!r} and the presence of a critic disagree")
-    device = next(models.policy.parameters()).device
-    rb = make_rollout_batch(trajs, pad_id, device, seq_bucket)
-    targets = sharded_score(
-        models, rb, attn, cfg.micro_batch_size, me, temperature, seq_bucket=seq_bucket
-    )
-    targets, rewards = estimate_advantages(rb, targets, cfg, estimator)
-    stats = batch_stats(rb, targets, rewards)
-    stats |= sharded_epochs(
-        models,
-        optimizers,
-        rb,
-        targets,
-        cfg,
-        attn,
-        guard,
-        me,
-        generator,
-        temperature,
-        seq_bucket=seq_bucket,
-    )
-    return stats | {"nonfinite_total": guard.total}
 
 
 # ---- one rank, a Ray actor ---------------------------------------------------------------
@@ -454,12 +412,12 @@ class LearnerRank:
         t0 = time.perf_counter()
         # Seeded per iteration: minibatch order is the same on every rank and after a resume.
         gen = torch.Generator().manual_seed(self.cfg.model.seed * 1_000_003 + iteration)
-        stats = sharded_update(
+        # mem1_core.ppo.update with both passes split over the ranks
+        stats = update(
             self.models,
             self.optimizers,
             trajs,
             self.cfg.ppo,
-            self.me,
             estimator=self.estimator,
             attn=self.cfg.model.attn,
             pad_id=self.tokenizer.pad_token_id,
@@ -467,6 +425,8 @@ class LearnerRank:
             generator=gen,
             temperature=self.cfg.rollout.temperature or 1.0,
             seq_bucket=self.cfg.model.seq_bucket,
+            score_fn=functools.partial(sharded_score, me=self.me),
+            epochs_fn=functools.partial(sharded_epochs, me=self.me),
         )
         return stats | {"update_seconds": time.perf_counter() - t0}
 

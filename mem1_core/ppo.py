@@ -469,17 +469,23 @@ def update(
     generator: torch.Generator | None = None,
     temperature: float = 1.0,
     seq_bucket: int = 1,
+    score_fn: Callable[..., Targets] = score,
+    epochs_fn: Callable[..., dict[str, float]] = ppo_epochs,
 ) -> dict[str, Any]:
     """One learner update on one iteration's trajectories. -> stats (floats).
-    seq_bucket: pad flattened batches to a multiple of it (ModelConfig.seq_bucket)."""
+    seq_bucket: pad flattened batches to a multiple of it (ModelConfig.seq_bucket).
+    score_fn / epochs_fn: the two passes over the models, `score` and `ppo_epochs` in one
+    process; an FSDP rank passes their sharded forms (mem1_core.fsdp_learner)."""
     if get_estimator(estimator).uses_critic != (models.critic is not None):
         raise ValueError(f"estimator {estimator!r} and the presence of a critic disagree")
     device = next(models.policy.parameters()).device
     rb = make_rollout_batch(trajs, pad_id, device, seq_bucket)
-    targets = score(models, rb, attn, cfg.micro_batch_size, temperature, seq_bucket=seq_bucket)
+    targets = score_fn(
+        models, rb, attn, cfg.micro_batch_size, temperature=temperature, seq_bucket=seq_bucket
+    )
     targets, rewards = estimate_advantages(rb, targets, cfg, estimator)
     stats = batch_stats(rb, targets, rewards)
-    stats |= ppo_epochs(
+    stats |= epochs_fn(
         models,
         optimizers,
         rb,
@@ -487,8 +493,8 @@ def update(
         cfg,
         attn,
         guard,
-        generator,
-        temperature,
+        generator=generator,
+        temperature=temperature,
         seq_bucket=seq_bucket,
     )
     return stats | {"nonfinite_total": guard.total}
