@@ -184,6 +184,8 @@ def ablation_summary(run_dir: str) -> dict[str, Any]:
             "N": int(r.n_objectives),
             "em_sum": round(r.em_sum, 3),
             "em_frac": round(r.em_frac, 3),
+            # objectives answered `?`: the forgetful teacher's habit, kept by SFT (teacher.forget_rate)
+            "unknown_rate": round(getattr(r, "unknown_rate", float("nan")), 3),
         }
         for r in arms.itertuples()
     ]

@@ -205,11 +205,16 @@ class TeacherConfig(_Section):
 
     error_rate: float = 0.0
     """Chance that the teacher answers an objective wrongly on purpose."""
+    forget_rate: float = 0.0
+    """Chance that the teacher, moving on from a finished objective, writes `?` for its answer
+    in the `<IS>` (a memory-consolidation lapse; mem1_core.teacher). SFT copies the habit; RL
+    on the task reward can unlearn it (MEM1 §5.4)."""
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.error_rate <= 1.0:
-            raise ValueError("teacher.error_rate must be in [0, 1]")
+        for name in ("error_rate", "forget_rate"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"teacher.{name} must be in [0, 1]")
 
 
 @dataclass(frozen=True)
@@ -367,6 +372,11 @@ PROFILES: dict[str, dict[str, Any]] = {
         "sft": {"warm_start_minutes": 7.0, "minutes": 1.5},
         "ppo": {"minutes": 1.5},
         "data": {"max_eval_tasks": 8},
+        # The teacher plays the paper's prompted teacher: it drops a finished objective's
+        # answer from its <IS> 60% of the time. SFT copies the habit; PPO on the task reward
+        # unlearns it within minutes and answers more held-out questions (README, "Does
+        # training learn?"). The evaluation's teacher rows play without lapses.
+        "teacher": {"forget_rate": 0.6},
     },
     "smoke": {
         "world": {"n_countries": 6, "n_cities": 24, "n_people": 160, "n_orgs": 32, "n_works": 64},

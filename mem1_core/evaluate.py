@@ -8,6 +8,7 @@ import statistics
 import time
 
 from mem1_core.generation import HFBackend
+from mem1_core.metrics import unknown_rate
 from mem1_core.rollout import Task, rollout
 from mem1_core.trajectory import Trajectory
 
@@ -27,6 +28,7 @@ def summarize(trajs: list[Trajectory], seconds: float) -> dict:
         "seconds_per_task": seconds / len(trajs),
         "format_error_rate": sum(t.format_errors for t in trajs) / max(n_turns, 1),
         "answered_rate": statistics.mean(t.answer is not None for t in trajs),
+        "unknown_rate": unknown_rate([t.answer for t in trajs]),
         "turns": statistics.mean(len(t.turns) for t in trajs),
     }
 

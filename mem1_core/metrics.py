@@ -7,7 +7,7 @@ import re
 import string
 from collections import Counter
 
-from mem1_core.prompts import split_answers
+from mem1_core.prompts import UNKNOWN, split_answers
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = set(string.punctuation)
@@ -45,6 +45,14 @@ def score_answer(
     em = [exact_match(preds[i], g) if i < len(preds) else 0.0 for i, g in enumerate(golden)]
     f1 = [f1_score(preds[i], g) if i < len(preds) else 0.0 for i, g in enumerate(golden)]
     return em, f1
+
+
+def unknown_rate(answers: list[str | None]) -> float:
+    """Fraction of the objectives answered `?` in the given final answers (None: no answer,
+    not counted): the mark of a fact the agent dropped from its memory, the habit of a
+    forgetful teacher (mem1_core.teacher)."""
+    parts = [a for text in answers if text is not None for a in split_answers(text)]
+    return sum(a == UNKNOWN for a in parts) / max(len(parts), 1)
 
 
 def peak_tokens(turn_lengths: list[tuple[int, int]]) -> int:

@@ -23,6 +23,8 @@ TAGS = (
     ANSWER_CLOSE,
 )
 ANSWER_SEPARATOR = ";"
+UNKNOWN = "?"
+"""What the scripted teacher answers (and writes in its state) for a fact it does not hold."""
 
 TASK_INSTRUCTIONS = (
     f"Answer by searching. Each turn write {IS_OPEN} {IS_CLOSE}, your only memory: keep every "

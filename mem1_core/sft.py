@@ -35,9 +35,12 @@ def teacher_trajectories(
     *,
     policy: str,
     error_rate: float = 0.0,
+    forget_rate: float = 0.0,
     seed: int = 0,
 ) -> list[Trajectory]:
-    teacher = ScriptedTeacher(tokenizer, tasks, error_rate=error_rate, seed=seed)
+    teacher = ScriptedTeacher(
+        tokenizer, tasks, error_rate=error_rate, forget_rate=forget_rate, seed=seed
+    )
     return rollout(tasks, teacher, env, rollout_cfg, policy=policy)
 
 
@@ -251,6 +254,7 @@ def train_sft(
             cfg.rollout,
             policy=policy,
             error_rate=cfg.teacher.error_rate,
+            forget_rate=cfg.teacher.forget_rate,
             seed=cfg.teacher.seed + k,
         )
     write_trajectories(trajs, out / "teacher_trajectories.parquet")

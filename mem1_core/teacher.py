@@ -5,9 +5,19 @@ It knows each question's hop structure (the world's `plan`): it issues the right
 one lookup a turn, objective after objective; its `<IS>` carries forward every fact found so
 far (per question) and names the next step; then it answers all questions at once. Facts are
 taken only when the retrieved `<info>` really contains them, so the teacher never shows
-knowledge that the context does not hold. `error_rate` makes it answer an objective wrongly
-on purpose. It plays behind the generation interface, so it runs under any memory policy
-(`mem1` or `full`) through the same rollout and environment as the model.
+knowledge that the context does not hold. It plays behind the generation interface, so it
+runs under any memory policy (`mem1` or `full`) through the same rollout and environment as
+the model.
+
+Two knobs make it err on purpose, as the paper's GPT-4o teacher does:
+- `error_rate`: it answers an objective wrongly (a wrong name, written with confidence);
+- `forget_rate`: a memory-consolidation lapse. When it finishes an objective and moves on to
+  the next, it folds `Q1: ?` into its `<IS>` instead of the answer it just read, and so
+  answers that objective `?`. SFT imitates such habits; RL on the task reward can drop them
+  (the paper's RL-vs-SFT contrast, MEM1 §5.4). With the perfect teacher, SFT leaves the
+  reward nothing to teach within a CPU budget (README, "Training").
+  The decision is a fixed function of (seed, task, sample, objective), so a turn's text
+  depends only on its trajectory, as for every other choice of the teacher.
 """
 
 from __future__ import annotations
@@ -24,12 +34,11 @@ from mem1_core.prompts import (
     IS_OPEN,
     QUERY_CLOSE,
     QUERY_OPEN,
+    UNKNOWN,
     join_answers,
 )
 from mem1_core.rollout import Task
 from mem1_core.trajectory import Action, Trajectory
-
-UNKNOWN = "?"
 
 
 @dataclass(frozen=True)
@@ -66,10 +75,19 @@ class ScriptedTeacher:
 
     reads_trajectories = True
 
-    def __init__(self, tokenizer, tasks: list[Task], error_rate: float = 0.0, seed: int = 0):
+    def __init__(
+        self,
+        tokenizer,
+        tasks: list[Task],
+        error_rate: float = 0.0,
+        seed: int = 0,
+        forget_rate: float = 0.0,
+    ):
         self.tok = tokenizer
         self.tasks = {t.task_id: t for t in tasks}
         self.error_rate = error_rate
+        self.forget_rate = forget_rate
+        self.seed = seed
         self.rng = random.Random(seed)
 
     def generate(self, contexts, params, generator=None, trajectories=None) -> list[Generation]:
@@ -91,7 +109,8 @@ class ScriptedTeacher:
             found[step.objective].append(step.answer if step.answer in turn.info_text else None)
         done = len(queries)
         last_turn = len(traj.turns) + 1 >= traj.max_turns
-        state = self.state_text(task, steps, found)
+        forgotten = self.forgotten(traj, steps, found)
+        state = self.state_text(task, steps, found, forgotten)
         if done < len(order) and not last_turn:
             nxt = order[done]
             # a bridge's second hop queries the first hop's finding (copied from the state)
@@ -105,19 +124,43 @@ class ScriptedTeacher:
         # where the state and the documents say ▁1718), so copying a name or a year into
         # the action would be a spelling lesson per entity instead of a copy of the same ids.
         answers = [
-            self._maybe_wrong(final_answer(s, f), s) for s, f in zip(steps, found, strict=True)
+            UNKNOWN if i in forgotten else self._maybe_wrong(final_answer(s, f), s)
+            for i, (s, f) in enumerate(zip(steps, found, strict=True))
         ]
         return f"{IS_OPEN} {state} {IS_CLOSE}{ANSWER_OPEN} {join_answers(answers)}{ANSWER_CLOSE}"
 
+    def forgotten(
+        self, traj: Trajectory, steps: list[list[Step]], found: list[list[str | None]]
+    ) -> set[int]:
+        """The finished objectives this trajectory's teacher failed to fold into its state.
+        Only an objective it moved on from: the last one is answered in the turn after its
+        last lookup, straight from the context."""
+        if self.forget_rate <= 0:
+            return set()
+        out = set()
+        for i, (obj, f) in enumerate(zip(steps[:-1], found[:-1], strict=True)):
+            draw = random.Random(f"{self.seed}:{traj.task_id}:{traj.sample}:{i}").random()
+            if obj and len(f) == len(obj) and draw < self.forget_rate:
+                out.add(i)
+        return out
+
     @staticmethod
-    def state_text(task: Task, steps: list[list[Step]], found: list[list[str | None]]) -> str:
+    def state_text(
+        task: Task,
+        steps: list[list[Step]],
+        found: list[list[str | None]],
+        forgotten: set[int] = frozenset(),
+    ) -> str:
         """The consolidated memory: per question only what is still needed — its answer once
-        every lookup is done, else the facts found so far (MEM1 §3: fold, don't append)."""
+        every lookup is done (`?` if `forgotten`), else the facts found so far (MEM1 §3: fold,
+        don't append)."""
         parts = []
         for i, (obj, f) in enumerate(zip(steps, found, strict=True)):
             if not f:  # nothing known yet: the state lists only what was found
                 continue
-            if len(f) == len(obj):
+            if i in forgotten:
+                facts = UNKNOWN
+            elif len(f) == len(obj):
                 facts = final_answer(obj, f)
             elif _is_comparison(obj):  # one of two lookups done: keep the name and its year
                 facts = f"{obj[0].title} {f[0] or UNKNOWN}"

@@ -39,6 +39,7 @@ from mem1_core.assets import RunPaths, adopt_init_tokenizer, load_tasks, prepare
 from mem1_core.checkpoint import TrainState, latest_checkpoint, read_state, remove_partial
 from mem1_core.config import Config
 from mem1_core.io import write_text
+from mem1_core.metrics import unknown_rate
 from mem1_core.ppo import get_estimator
 from mem1_core.ray_runtime import Runtime, resolve_init
 from mem1_core.rollout import Task
@@ -119,6 +120,7 @@ def rollout_stats(trajs: list[Trajectory], prefix: str = "") -> dict[str, float]
         f"{prefix}em_sum": sum(t.em_sum for t in trajs) / n,
         f"{prefix}f1": sum(sum(t.f1) / max(len(t.f1), 1) for t in trajs) / n,
         f"{prefix}answered": sum(t.answer is not None for t in trajs) / n,
+        f"{prefix}unknown_rate": unknown_rate([t.answer for t in trajs]),
         f"{prefix}format_error_rate": sum(t.format_errors for t in trajs) / max(turns, 1),
         f"{prefix}turns": turns / n,
         f"{prefix}peak_tokens": sum(t.peak_tokens for t in trajs) / n,

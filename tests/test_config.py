@@ -23,7 +23,8 @@ def test_yaml_then_overrides(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [(["world.nope=1"], "unknown config field"), (["world.seed=abc"], "expected int"),
-     (["retrieval.kind=magic"], "bm25 or dense"), (["seed"], "section.field=value")],
+     (["retrieval.kind=magic"], "bm25 or dense"), (["seed"], "section.field=value"),
+     (["teacher.forget_rate=1.5"], r"teacher.forget_rate must be in \[0, 1\]")],
 )
 def test_bad_overrides_say_how_to_fix_them(overrides, message):
     with pytest.raises(ValueError, match=message):

@@ -7,6 +7,7 @@ from mem1_core.metrics import (
     normalize_answer,
     peak_tokens,
     score_answer,
+    unknown_rate,
 )
 
 
@@ -27,6 +28,13 @@ def test_answers_split_on_semicolons_in_order_missing_score_zero():
     assert score_answer("a; b", gold)[0] == [1.0, 1.0, 0.0]
     assert score_answer("b; a; c", gold)[0] == [0.0, 0.0, 1.0]
     assert score_answer(None, gold)[0] == [0.0, 0.0, 0.0]
+
+
+def test_unknown_rate_counts_objectives_answered_question_mark():
+    # 6 objectives in the answered tasks, two of them `?` (" ? " too); no answer counts nothing
+    assert unknown_rate(["?; Kalo", None, "Vesh; ? ", "1718; Mir"]) == 2 / 6
+    assert unknown_rate([None]) == 0.0 and unknown_rate([]) == 0.0
+    assert unknown_rate(["Kalo?"]) == 0.0  # only a bare `?` is an unknown
 
 
 def test_peak_tokens_and_dependency_follow_their_definitions():

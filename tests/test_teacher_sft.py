@@ -92,6 +92,53 @@ def test_teacher_errs_on_purpose(small_tasks, small_tokenizer, env):
     assert sum(t.reward for t in wrong) / len(wrong) <= 0.2
 
 
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_a_forgetful_teacher_answers_what_it_moved_on_from_with_a_question_mark(
+    small_world, small_tokenizer, env, n
+):
+    """forget_rate=1: each finished objective but the last is `?` in every later state and in
+    the answer; the rest of the play is the perfect teacher's. Checked against the perfect
+    teacher's own trajectories."""
+    from mem1_core.compose import compose
+    from mem1_core.prompts import split_answers
+    from mem1_core.qa_data import world_questions
+    from mem1_core.rollout import tasks_from_table
+
+    table, _ = compose(world_questions(small_world.questions).table, n, split="train")
+    tasks = tasks_from_table(table)[:12]
+    good = rollout(tasks, ScriptedTeacher(small_tokenizer, tasks), env, CFG, policy="mem1")
+    bad = rollout(
+        tasks, ScriptedTeacher(small_tokenizer, tasks, forget_rate=1.0), env, CFG, policy="mem1"
+    )
+    for g, b in zip(good, bad, strict=True):
+        assert [t.query for t in b.turns] == [t.query for t in g.turns]  # same lookups
+        assert b.em == [0.0] * (n - 1) + g.em[-1:]
+        answers = split_answers(b.answer)
+        assert answers[: n - 1] == ["?"] * (n - 1) and answers[-1] == split_answers(g.answer)[-1]
+        for turn_g, turn_b in zip(g.turns, b.turns, strict=True):
+            for i in range(n - 1):
+                if f"Q{i + 2}" in turn_g.gen_text:  # objective i is done and left behind
+                    assert f"Q{i + 1}: ?." in turn_b.gen_text
+            if n == 1:
+                assert turn_b.gen_text == turn_g.gen_text
+
+
+def test_forgetting_is_a_fixed_draw_per_trajectory_and_objective(small_tasks, small_tokenizer, env):
+    """Half the finished first objectives are dropped at forget_rate=0.5, and the same ones on
+    a second run (a turn's text depends only on its trajectory)."""
+    from mem1_core.prompts import split_answers
+
+    tasks = small_tasks[:40]
+
+    def firsts() -> list[str]:
+        teacher = ScriptedTeacher(small_tokenizer, tasks, forget_rate=0.5)
+        return [split_answers(t.answer)[0] for t in rollout(tasks, teacher, env, CFG)]
+
+    once = firsts()
+    assert once == firsts()
+    assert 10 <= once.count("?") <= 30  # Binomial(40, 0.5): outside with p < 0.002
+
+
 def test_sft_loss_is_the_mean_nll_of_generated_tokens_in_their_real_contexts(
     small_tasks, small_tokenizer, env
 ):
