@@ -368,14 +368,14 @@ PROFILES: dict[str, dict[str, Any]] = {
         "retrieval": {"topk": 2},
         # The default `train-eval` on a 2-core laptop in about 15 minutes: the warm start, then
         # the three arms of the ablation on equal budgets, then the evaluation of six agents
-        # (8 test tasks per N). Learning needs longer budgets (README, "Budget").
+        # (8 test tasks per N). Learning needs longer budgets (README, "Training").
         "sft": {"warm_start_minutes": 7.0, "minutes": 1.5},
         "ppo": {"minutes": 1.5},
         "data": {"max_eval_tasks": 8},
         # The teacher plays the paper's prompted teacher: it drops a finished objective's
         # answer from its <IS> 60% of the time. SFT copies the habit; PPO on the task reward
-        # unlearns it within minutes and answers more held-out questions (README, "Does
-        # training learn?"). The evaluation's teacher rows play without lapses.
+        # unlearns it within minutes and answers more held-out questions (README, "Training").
+        # The evaluation's teacher rows play without lapses.
         "teacher": {"forget_rate": 0.6},
     },
     "smoke": {
