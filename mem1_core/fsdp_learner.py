@@ -70,9 +70,9 @@ from mem1_core.ppo import (
     ppo_loss,
     run_epochs,
     select_rows,
-    update,
+    trainable_parameters,
 )
-from mem1_core.ray_runtime import KEEP_CHECKPOINTS
+from mem1_core.ray_runtime import KEEP_CHECKPOINTS, run_update
 from mem1_core.trajectory import Trajectory
 from mem1_core.tree import FlatBatch
 
@@ -201,13 +201,6 @@ def sharded_accumulate(
     return total, finite
 
 
-def _parameters(models: Models) -> dict[str, list[nn.Parameter]]:
-    groups = {"policy": [p for p in models.policy.parameters() if p.requires_grad]}
-    if models.critic is not None:
-        groups["critic"] = [p for p in models.critic.parameters() if p.requires_grad]
-    return groups
-
-
 def _global_norm(norm: Tensor) -> float:
     """clip_grad_norm_ over DTensor parameters returns a DTensor: its full value."""
     return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
@@ -232,7 +225,7 @@ def sharded_step(
     finite = bool(packed[0] == 0)
     norms: dict[str, float] = {}
     if finite:
-        for name, params in _parameters(models).items():
+        for name, params in trainable_parameters(models).items():
             norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
             norms[f"{name}_grad_norm"] = _global_norm(norm)
         finite = all(math.isfinite(v) for v in norms.values())
@@ -410,21 +403,11 @@ class LearnerRank:
 
     def update(self, trajs: list[Trajectory], iteration: int) -> dict[str, Any]:
         t0 = time.perf_counter()
-        # Seeded per iteration: minibatch order is the same on every rank and after a resume.
-        gen = torch.Generator().manual_seed(self.cfg.model.seed * 1_000_003 + iteration)
         # mem1_core.ppo.update with both passes split over the ranks
-        stats = update(
-            self.models,
-            self.optimizers,
+        stats = run_update(
+            self,
             trajs,
-            self.cfg.ppo,
-            estimator=self.estimator,
-            attn=self.cfg.model.attn,
-            pad_id=self.tokenizer.pad_token_id,
-            guard=self.guard,
-            generator=gen,
-            temperature=self.cfg.rollout.temperature or 1.0,
-            seq_bucket=self.cfg.model.seq_bucket,
+            iteration,
             score_fn=functools.partial(sharded_score, me=self.me),
             epochs_fn=functools.partial(sharded_epochs, me=self.me),
         )

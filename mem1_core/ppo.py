@@ -343,7 +343,7 @@ def accumulate_gradients(
     return total
 
 
-def _parameters(models: Models) -> dict[str, list[nn.Parameter]]:
+def trainable_parameters(models: Models) -> dict[str, list[nn.Parameter]]:
     groups = {"policy": [p for p in models.policy.parameters() if p.requires_grad]}
     if models.critic is not None:
         groups["critic"] = [p for p in models.critic.parameters() if p.requires_grad]
@@ -361,7 +361,7 @@ def optimizer_step(
     norm skips the whole step. Gradients are cleared either way."""
     norms = {}
     if metrics is not None:
-        for name, params in _parameters(models).items():
+        for name, params in trainable_parameters(models).items():
             norms[f"{name}_grad_norm"] = float(
                 torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
             )

@@ -264,6 +264,27 @@ class RolloutWorker:
         return trajs
 
 
+def run_update(learner, trajs: list[Trajectory], iteration: int, **passes) -> dict[str, Any]:
+    """mem1_core.ppo.update with a learner's models, optimisers and run settings (the single
+    `Learner` and each FSDP `LearnerRank`; `passes`: a rank's sharded score_fn / epochs_fn).
+    The minibatch order is seeded per iteration: the same after a resume and on every rank."""
+    cfg = learner.cfg
+    return update(
+        learner.models,
+        learner.optimizers,
+        trajs,
+        cfg.ppo,
+        estimator=learner.estimator,
+        attn=cfg.model.attn,
+        pad_id=learner.tokenizer.pad_token_id,
+        guard=learner.guard,
+        generator=torch.Generator().manual_seed(cfg.model.seed * 1_000_003 + iteration),
+        temperature=cfg.rollout.temperature or 1.0,
+        seq_bucket=cfg.model.seq_bucket,
+        **passes,
+    )
+
+
 class Learner:
     """Policy, frozen reference (the initial policy), critic and their optimisers."""
 
@@ -320,26 +341,9 @@ class Learner:
 
     def update(self, trajs: list[Trajectory], iteration: int) -> dict[str, Any]:
         t0 = time.perf_counter()
-        # Seeded per iteration: minibatch order is the same after a resume.
-        gen = torch.Generator().manual_seed(self.cfg.model.seed * 1_000_003 + iteration)
         with self.autocast:
-            stats = self._update(trajs, gen)
+            stats = run_update(self, trajs, iteration)
         return stats | {"update_seconds": time.perf_counter() - t0}
-
-    def _update(self, trajs: list[Trajectory], gen: torch.Generator) -> dict[str, Any]:
-        return update(
-            self.models,
-            self.optimizers,
-            trajs,
-            self.cfg.ppo,
-            estimator=self.estimator,
-            attn=self.cfg.model.attn,
-            pad_id=self.tokenizer.pad_token_id,
-            guard=self.guard,
-            generator=gen,
-            temperature=self.cfg.rollout.temperature or 1.0,
-            seq_bucket=self.cfg.model.seq_bucket,
-        )
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu() for k, v in self.models.policy.state_dict().items()}
