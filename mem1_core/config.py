@@ -347,6 +347,57 @@ class PPOConfig(_Section):
 
 
 @dataclass(frozen=True)
+class PretrainConfig(_Section):
+    """`mem1 pretrain`: the embedded default's base model, trained once on fresh worlds
+    (mem1_core.pretrain). Model sizes come from the `model` section."""
+
+    minutes: float = 120.0
+    """Wall-clock budget (the lr schedule is cosine over it)."""
+    lr: float = 2e-3
+    warmup_fraction: float = 0.03
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    batch_size: int = 16
+    """Teacher trajectories (flattened trees) per step."""
+    text_batch_size: int = 4
+    """Rows of packed documents and list drills per step."""
+    text_len: int = 384
+    """Tokens per text row: positions well past a 2-objective context."""
+    text_weight: float = 0.5
+    context_weight: float = 0.3
+    """Weight of the next-token loss on the teacher trajectories' prompt and <info> tokens."""
+    objectives: tuple[int, ...] = (1, 2)
+    """N of the teacher's tasks. Never above 2, so N >= 4 measures generalisation."""
+    memories: tuple[str, ...] = ("mem1", "full")
+    tasks_per_world: int = 300
+    """Tasks per N (and per memory) the teacher plays in each fresh world."""
+    drills_per_world: int = 400
+    drill_max_facts: int = 16
+    steps_per_world: int = 150
+    """A new world every this many steps."""
+    pool_worlds: int = 3
+    """Batches draw from the newest this many worlds."""
+    world_seed: int = 100_000
+    """Fresh worlds get seeds world_seed, world_seed + 1, ...: never a run's world."""
+    eval_world_seeds: tuple[int, ...] = (0,)
+    """Held-out worlds (the `tiny` evaluation world is seed 0; no round trains on it)."""
+    eval_objectives: tuple[int, ...] = (1, 2, 4)
+    eval_tasks: int = 32
+    eval_every_minutes: float = 10.0
+
+    def __post_init__(self) -> None:
+        if any(n > 2 or n < 1 for n in self.objectives):
+            raise ValueError(
+                "pretrain.objectives must be 1 or 2: the base sees no multi-objective task "
+                "above 2 objectives (N >= 4 measures generalisation, as in the paper)"
+            )
+        if set(self.eval_world_seeds) & set(range(self.world_seed, self.world_seed + 10**5)):
+            raise ValueError("pretrain.eval_world_seeds overlap the training worlds' seeds")
+        if not set(self.memories) <= {"mem1", "full", "truncate"}:
+            raise ValueError("pretrain.memories: choose from mem1, full, truncate")
+
+
+@dataclass(frozen=True)
 class Config(_Section):
     """One run's whole configuration."""
 
@@ -359,6 +410,7 @@ class Config(_Section):
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
 
 
 PROFILES: dict[str, dict[str, Any]] = {

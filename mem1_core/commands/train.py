@@ -19,6 +19,7 @@ TRAINERS = {
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    register_pretrain(sub)
     p = sub.add_parser("train", help="train the policy: sft, ppo or grpo")
     trainers = p.add_subparsers(dest="trainer", required=True, metavar="TRAINER")
     for name, help_ in TRAINERS.items():
@@ -88,4 +89,26 @@ def cmd_sft(args: argparse.Namespace) -> int:
         policy=args.memory,
     )
     print(json.dumps(result, default=str))
+    return 0
+
+
+def register_pretrain(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "pretrain",
+        help="train the embedded default's base model on fresh worlds (run once, shipped in data/)",
+    )
+    p.add_argument("--out", required=True, help="directory for worlds, checkpoint and base/")
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    add_config_args(p)
+    p.set_defaults(func=cmd_pretrain)
+
+
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    from mem1_core.pretrain import pretrain
+
+    manifest = pretrain(
+        config_from_args(args), args.out, resume=args.resume, progress=args.progress
+    )
+    print(json.dumps({k: manifest[k] for k in ("steps", "minutes", "held_out")}, default=str))
     return 0
