@@ -36,7 +36,7 @@ def world_dir(path: str | None, tmp: Path) -> Path:
     if path is not None:
         return Path(path)
     from mem1_core.config import WorldConfig
-    from mem1_core.world import generate_world, write_world
+    from mem1_core.data.world import generate_world, write_world
 
     write_world(generate_world(WorldConfig(seed=0)), tmp / "world")
     return tmp / "world"
@@ -211,7 +211,7 @@ def bench_server(index_dir: Path, queries: list[str], args) -> dict[str, Any]:
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "mem1_core.cli", "serve-retriever", "--index", str(index_dir)]
+    cmd = [sys.executable, "-m", "mem1_core.cli.main", "serve-retriever", "--index", str(index_dir)]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     server = subprocess.Popen(cmd)
     try:

@@ -19,7 +19,7 @@ pass criterion, "ok"; a section that raises prints its error and the others stil
 - ppo: a few PPO iterations of a small Qwen-architecture model (smoke-sized embedded world,
   model built from config) through the trainer (`train_rl`, Ray on CUDA): rollout and
   training tokens/s from metrics.jsonl.
-- vllm: greedy agreement of vLLM (mem1_core.generation_vllm.VLLMBackend) and Hugging Face
+- vllm: greedy agreement of vLLM (mem1_core.rollout.generation_vllm.VLLMBackend) and Hugging Face
   generation on the same weights, before and after a weight sync; skipped if vLLM is
   missing. Last, because the engine keeps its share of GPU memory.
 
@@ -46,9 +46,9 @@ from pathlib import Path
 import torch
 
 from mem1_core.config import ModelConfig
-from mem1_core.logprobs import forward_tree, per_turn_logprobs, tree_attention_mask
-from mem1_core.model import DTYPES, enable_gradient_checkpointing, tiny_qwen2_config
-from mem1_core.tree import FlatBatch, Segment, collate, flatten
+from mem1_core.models.model import DTYPES, enable_gradient_checkpointing, tiny_qwen2_config
+from mem1_core.trajectory.logprobs import forward_tree, per_turn_logprobs, tree_attention_mask
+from mem1_core.trajectory.tree import FlatBatch, Segment, collate, flatten
 
 Paths = list[list[Segment]]
 SECTIONS = ("exactness", "train_step", "ppo", "vllm")
@@ -327,7 +327,7 @@ def per_turn_step(model, trajs: list[Paths], rows: int, pad_id: int) -> float:
 def tree_step(model, batch: FlatBatch, attn: str) -> float:
     """One step over the flattened tree: one-pass BlockMask under flex; forward_tree's
     default (shared prefix) under sdpa, or the one-pass mask under checkpointing."""
-    from mem1_core.ppo import one_pass_mask
+    from mem1_core.rl.ppo import one_pass_mask
 
     mask = one_pass_mask(model, batch, attn)
     logp = forward_tree(model, batch, attn, mask=mask).logprobs
@@ -414,7 +414,7 @@ def train_step(device: str, s: Sizes, emit: Callable[[dict], None]) -> None:
 
 def ppo(device: str, s: Sizes, out: Path, emit: Callable[[dict], None]) -> None:
     from mem1_core.config import load_config
-    from mem1_core.train_rl import train_rl
+    from mem1_core.training.train_rl import train_rl
 
     run = out / "ppo_run"
     if run.exists():
@@ -472,11 +472,11 @@ def vllm_agreement(device: str, s: Sizes, emit: Callable[[dict], None]) -> None:
     try:
         import vllm  # noqa: F401
 
-        from mem1_core.generation_vllm import VLLMBackend
+        from mem1_core.rollout.generation_vllm import VLLMBackend
     except ImportError as e:
         emit({"check": "vllm", "skipped": f"vLLM or its backend is not available: {e}"})
         return
-    from mem1_core.generation import HFBackend, SamplingParams
+    from mem1_core.rollout.generation import HFBackend, SamplingParams
 
     cfg = ModelConfig(
         hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=768

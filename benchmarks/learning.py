@@ -34,8 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ppo-minutes", type=float, default=None)
     p.add_argument("--sft-minutes", type=float, default=None)
     p.add_argument("--eval-tasks", type=int, default=64, help="held-out tasks per N")
-    p.add_argument("--eval-objectives", type=int, nargs="+", default=None,
-                   help="N of the held-out evaluation (default: N of training and twice it)")
+    p.add_argument(
+        "--eval-objectives",
+        type=int,
+        nargs="+",
+        default=None,
+        help="N of the held-out evaluation (default: N of training and twice it)",
+    )
     p.add_argument("--no-ray", action="store_true")
     p.add_argument("--set", dest="overrides", action="append", default=[])
     args = p.parse_args(argv)
@@ -54,15 +59,16 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).resolve()
     walls: dict[str, float] = {}
 
-    from mem1_core.ray_runtime import resolve_init
-    from mem1_core.sft import train_sft
-    from mem1_core.train_rl import train_rl
+    from mem1_core.training.ray_runtime import resolve_init
+    from mem1_core.training.sft import train_sft
+    from mem1_core.training.train_rl import train_rl
 
     warm = Path(args.init).resolve() if args.init else out / "warm_start"
     if not args.init:
         t0 = time.perf_counter()
-        train_sft(cfg, warm, warm_start=True, assets_dir=out, resume=True,
-                  minutes=args.warm_minutes)
+        train_sft(
+            cfg, warm, warm_start=True, assets_dir=out, resume=True, minutes=args.warm_minutes
+        )
         walls["warm start"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     ppo_dir = out / "ppo"
@@ -70,38 +76,62 @@ def main(argv: list[str] | None = None) -> int:
     walls["ppo"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     sft_dir = out / "sft"
-    train_sft(cfg, sft_dir, objectives=cfg.data.train_objectives, init=resolve_init(warm),
-              assets_dir=out, resume=True, minutes=args.sft_minutes)
+    train_sft(
+        cfg,
+        sft_dir,
+        objectives=cfg.data.train_objectives,
+        init=resolve_init(warm),
+        assets_dir=out,
+        resume=True,
+        minutes=args.sft_minutes,
+    )
     walls["sft"] = time.perf_counter() - t0
 
-    rows = heldout(cfg, out, {"warm start": resolve_init(warm), "after SFT": resolve_init(sft_dir),
-                              "after PPO": resolve_init(ppo_dir)}, args.eval_tasks, ns)
+    rows = heldout(
+        cfg,
+        out,
+        {
+            "warm start": resolve_init(warm),
+            "after SFT": resolve_init(sft_dir),
+            "after PPO": resolve_init(ppo_dir),
+        },
+        args.eval_tasks,
+        ns,
+    )
     curve = [json.loads(x) for x in (ppo_dir / "metrics.jsonl").read_text().splitlines() if x]
-    print(f"held-out greedy reward (EM fraction) and unknown rate, {args.eval_tasks} test "
-          f"tasks per N; trained on N={cfg.data.train_objectives}, teacher forget rate "
-          f"{cfg.teacher.forget_rate}:")
+    print(
+        f"held-out greedy reward (EM fraction) and unknown rate, {args.eval_tasks} test "
+        f"tasks per N; trained on N={cfg.data.train_objectives}, teacher forget rate "
+        f"{cfg.teacher.forget_rate}:"
+    )
     print("  " + " " * 11 + "".join(f"  N={n:<2} EM  unknown" for n in ns))
     for name, per_n in rows.items():
-        print(f"  {name:<11}" + "".join(
-            f"  {per_n[n]['em_frac']:.3f}   {per_n[n]['unknown_rate']:.3f}  " for n in ns))
+        print(
+            f"  {name:<11}"
+            + "".join(f"  {per_n[n]['em_frac']:.3f}   {per_n[n]['unknown_rate']:.3f}  " for n in ns)
+        )
     print("wall seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in walls.items()))
     print("PPO iteration, train reward (sampled), unknown rate, held-out reward:")
     for r in curve:
-        print(f"  {r['iteration']:>4} {r['reward']:.3f} {r.get('unknown_rate', float('nan')):.3f}"
-              f" {r.get('eval/reward', '')}")
+        print(
+            f"  {r['iteration']:>4} {r['reward']:.3f} {r.get('unknown_rate', float('nan')):.3f}"
+            f" {r.get('eval/reward', '')}"
+        )
     png = plot(curve, rows, ns, out / "learning.png")
-    (out / "learning.json").write_text(json.dumps({"heldout": rows, "walls": walls,
-                                                   "config": cfg.to_dict()}, indent=1))
+    (out / "learning.json").write_text(
+        json.dumps({"heldout": rows, "walls": walls, "config": cfg.to_dict()}, indent=1)
+    )
     print(f"plot: {png}")
     return 0
 
 
-def heldout(cfg, out: Path, policies: dict[str, Path], n_tasks: int,
-            ns: list[int]) -> dict[str, dict[int, dict]]:
+def heldout(
+    cfg, out: Path, policies: dict[str, Path], n_tasks: int, ns: list[int]
+) -> dict[str, dict[int, dict]]:
     """Greedy metrics of each policy on the first n_tasks test tasks of each N."""
-    from mem1_core.assets import ensure_tokenizer, load_tasks, make_env, prepare
-    from mem1_core.evaluate import evaluate_policy
-    from mem1_core.model import load_model
+    from mem1_core.evaluation.evaluate import evaluate_policy
+    from mem1_core.models.model import load_model
+    from mem1_core.runs.assets import ensure_tokenizer, load_tasks, make_env, prepare
 
     paths = prepare(cfg, out)
     tok = ensure_tokenizer(cfg, paths)
@@ -110,13 +140,13 @@ def heldout(cfg, out: Path, policies: dict[str, Path], n_tasks: int,
     out_rows: dict[str, dict[int, dict]] = {}
     for name, p in policies.items():
         model = load_model(p, cfg.model, tok)
-        out_rows[name] = {n: evaluate_policy(model, tok, env, tasks[n], cfg.rollout,
-                                             policy="mem1") for n in ns}
+        out_rows[name] = {
+            n: evaluate_policy(model, tok, env, tasks[n], cfg.rollout, policy="mem1") for n in ns
+        }
     return out_rows
 
 
-def plot(curve: list[dict], heldout: dict[str, dict[int, dict]], ns: list[int],
-         path: Path) -> Path:
+def plot(curve: list[dict], heldout: dict[str, dict[int, dict]], ns: list[int], path: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -139,8 +169,9 @@ def plot(curve: list[dict], heldout: dict[str, dict[int, dict]], ns: list[int],
         xs = [i + k * width for i in range(len(ns))]
         bars = bx.bar(xs, [per_n[n]["em_frac"] for n in ns], width, label=name)
         bx.bar_label(bars, fmt="%.2f", fontsize=7)
-    bx.set_xticks([i + width * (len(heldout) - 1) / 2 for i in range(len(ns))],
-                  [f"N={n}" for n in ns])
+    bx.set_xticks(
+        [i + width * (len(heldout) - 1) / 2 for i in range(len(ns))], [f"N={n}" for n in ns]
+    )
     bx.set_ylabel("held-out reward (EM fraction, greedy)")
     bx.set_title("held-out test tasks")
     bx.legend(fontsize=8)

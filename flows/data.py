@@ -1,5 +1,5 @@
 """Flow `compose-tasks`: build (or load) the questions and compose N-objective tasks, in the
-run layout of mem1_core.assets (world/, tasks/{split}_n{N}.parquet)."""
+run layout of mem1_core.runs.assets (world/, tasks/{split}_n{N}.parquet)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 from prefect import flow, task
 
 from flows.common import build_config, publish_markdown, publish_table, run_dir
-from mem1_core.assets import RunPaths, ensure_tasks, ensure_world
 from mem1_core.config import Config
+from mem1_core.runs.assets import RunPaths, ensure_tasks, ensure_world
 
 
 @task(name="build-world", cache_policy=None)

@@ -10,18 +10,18 @@ from typing import Any
 from prefect import flow, task
 
 from flows.common import build_config, publish_table, run_dir
-from mem1_core.assets import index_options
 from mem1_core.config import Config
 from mem1_core.retrieval import ensure_index, read_manifest
 from mem1_core.retrieval.index import index_size_bytes
+from mem1_core.runs.assets import index_options
 
 
 @task(name="corpus", cache_policy=None)
 def corpus_path(cfg: Config, out: Path) -> Path:
     """The profile's corpus file: the generated world's (built if missing), or
     `retrieval.corpus`."""
-    from mem1_core.assets import RunPaths
-    from mem1_core.assets import corpus_path as run_corpus
+    from mem1_core.runs.assets import RunPaths
+    from mem1_core.runs.assets import corpus_path as run_corpus
 
     return run_corpus(cfg, RunPaths(out))
 
@@ -55,7 +55,7 @@ def build_index_flow(
 ) -> dict[str, Any]:
     """Corpus of the profile -> index (built or reused) -> table artifact. With `out_dir`
     (the pipeline's run directory) everything goes there, in the run layout of
-    mem1_core.assets; else under `runs_root/index-<profile>`."""
+    mem1_core.runs.assets; else under `runs_root/index-<profile>`."""
     cfg = build_config(profile, config_path, overrides)
     out = Path(out_dir) if out_dir else run_dir(runs_root, f"index-{profile}")
     corpus = corpus_path(cfg, out)

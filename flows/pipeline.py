@@ -30,9 +30,9 @@ from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
 
 from flows.common import build_config, publish_markdown, publish_table
-from mem1_core.actor_pool import reuse_actors
 from mem1_core.config import config_json
-from mem1_core.io import write_json, write_text
+from mem1_core.runs.atomic import write_json, write_text
+from mem1_core.training.actor_pool import reuse_actors
 
 Scalar = int | float | str | bool | None
 
@@ -179,7 +179,7 @@ PIPELINE: tuple[str, ...] = (
 """Every stage of the pipeline, in the order it runs."""
 
 LAST_RAY_STAGE = "train-baselines"
-"""The last stage that trains on Ray actors (mem1_core.actor_pool keeps them until then)."""
+"""The last stage that trains on Ray actors (mem1_core.training.actor_pool keeps them until then)."""
 
 STAGES: dict[str, Stage] = {
     "compose-tasks": _compose,
@@ -399,7 +399,7 @@ def nightly_eval(runs_root: str | None = None, profile: str = "tiny") -> dict[st
             NIGHTLY_KEY, f"# mem1 nightly evaluation\n\n{text}\n", "Nightly evaluation"
         )
         return {"runs_root": str(root), "checkpoint": None, "evaluated": False}
-    from mem1_core.evaluation_stage import run_objective_scaling
+    from mem1_core.evaluation.stage import run_objective_scaling
 
     run_dir = checkpoint.parents[1]  # the training run that wrote it holds its tasks and index
     out = run_dir / "nightly" / default_run_name()

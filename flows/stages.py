@@ -45,7 +45,7 @@ def _resume(out: Path) -> bool:
 def warm_start(
     profile: str, config_path: str | None, overrides: list[str] | None, run_dir: str
 ) -> dict[str, Any]:
-    from mem1_core.sft import train_sft
+    from mem1_core.training.sft import train_sft
 
     cfg = build_config(profile, config_path, overrides)
     root = Path(run_dir)
@@ -67,7 +67,7 @@ def train_ppo_mem1(
     run_dir: str,
     policy: str = "mem1",
 ) -> dict[str, Any]:
-    from mem1_core.train_rl import train_rl
+    from mem1_core.training.train_rl import train_rl
 
     cfg = _with_policy(build_config(profile, config_path, overrides), policy)
     root = Path(run_dir)
@@ -89,8 +89,8 @@ def train_ppo_mem1(
 def train_sft_arm(
     profile: str, config_path: str | None, overrides: list[str] | None, run_dir: str
 ) -> dict[str, Any]:
-    from mem1_core.ray_runtime import resolve_init
-    from mem1_core.sft import train_sft
+    from mem1_core.training.ray_runtime import resolve_init
+    from mem1_core.training.sft import train_sft
 
     cfg = _with_policy(build_config(profile, config_path, overrides), "mem1")
     root = Path(run_dir)
@@ -107,7 +107,7 @@ def train_sft_arm(
 
 def agents_of(root: Path) -> list[tuple[str, str, str]]:
     """(name, policy dir, memory policy) of every trained agent found in the run."""
-    from mem1_core.ray_runtime import resolve_init
+    from mem1_core.training.ray_runtime import resolve_init
 
     found = []
     for name, sub, memory in (
@@ -128,7 +128,7 @@ def agents_of(root: Path) -> list[tuple[str, str, str]]:
 def evaluate_objective_scaling(
     profile: str, config_path: str | None, overrides: list[str] | None, run_dir: str
 ) -> dict[str, Any]:
-    from mem1_core.evaluation_stage import run_objective_scaling
+    from mem1_core.evaluation.stage import run_objective_scaling
 
     cfg = build_config(profile, config_path, overrides)
     root = Path(run_dir)
@@ -153,8 +153,8 @@ def ablation_summary(run_dir: str) -> dict[str, Any]:
     """RL vs SFT from the same warm start, across N; and the training curves."""
     import pandas as pd
 
-    from mem1_core import io
-    from mem1_core.scaling import plot_curves, plot_metric_vs_n, read_jsonl
+    from mem1_core.evaluation.scaling import plot_curves, plot_metric_vs_n, read_jsonl
+    from mem1_core.runs import atomic
 
     root = Path(run_dir)
     table = pd.read_csv(root / EVAL / "metrics.csv")
@@ -189,7 +189,7 @@ def ablation_summary(run_dir: str) -> dict[str, Any]:
         }
         for r in arms.itertuples()
     ]
-    io.write_json(rows, out / "rl_vs_sft.json")
+    atomic.write_json(rows, out / "rl_vs_sft.json")
     if rows:
         publish_table("rl-vs-sft", rows, "RL vs SFT across N (EM)")
     publish_markdown(

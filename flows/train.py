@@ -19,7 +19,7 @@ CURVE_KEYS = ("iteration", "reward", "kl", "tokens_per_s", "eval/reward", "eval/
 def train_rl_task(
     cfg: Config, out: Path, estimator: str, resume: bool, init: str | None, use_ray: bool
 ) -> dict[str, Any]:
-    from mem1_core.train_rl import train_rl
+    from mem1_core.training.train_rl import train_rl
 
     return train_rl(
         cfg, out, estimator=estimator, resume=resume, init=init, use_ray=use_ray, show=False
@@ -28,7 +28,7 @@ def train_rl_task(
 
 @task(name="train-sft", cache_policy=None)
 def train_sft_task(cfg: Config, out: Path, resume: bool, init: str | None) -> dict[str, Any]:
-    from mem1_core.sft import train_sft
+    from mem1_core.training.sft import train_sft
 
     return train_sft(cfg, out, resume=resume, init=init)
 
@@ -98,7 +98,7 @@ def train_grpo(
     use_ray: bool = True,
 ) -> dict[str, Any]:
     """GRPO (no critic); `GRPO_DEFAULTS` apply before `overrides`."""
-    from mem1_core.train_rl import GRPO_DEFAULTS
+    from mem1_core.training.train_rl import GRPO_DEFAULTS
 
     overrides = [*GRPO_DEFAULTS, *(overrides or [])]
     return _rl("train-grpo", "grpo", locals())
@@ -114,7 +114,7 @@ def train_sft(
     resume: bool = False,
     init: str | None = None,
 ) -> dict[str, Any]:
-    """Supervised training on teacher trajectories (mem1_core.sft)."""
+    """Supervised training on teacher trajectories (mem1_core.training.sft)."""
     cfg = build_config(profile, config_path, overrides)
     out = run_dir(runs_root, run_name or f"train-sft-{profile}")
     result = train_sft_task(cfg, out, resume, init)

@@ -26,7 +26,7 @@ class _Section:
 
 @dataclass(frozen=True)
 class WorldConfig(_Section):
-    """The procedurally generated encyclopedia (mem1_core.world)."""
+    """The procedurally generated encyclopedia (mem1_core.data.world)."""
 
     seed: int = 0
     """Seed for names, relations, phrasing and the split."""
@@ -166,7 +166,7 @@ class RolloutConfig(_Section):
     """Trajectories generated together (the KV-cached batch; `hf` only, vLLM schedules its own)."""
     backend: str = "hf"
     """Generation engine of the RL rollout workers: `hf` (Hugging Face with a KV cache, runs
-    anywhere), `vllm` (mem1_core.generation_vllm: needs the vLLM venv, docs/gpu.md), or
+    anywhere), `vllm` (mem1_core.rollout.generation_vllm: needs the vLLM venv, docs/gpu.md), or
     `auto` (vllm where it can be imported, else hf: the `paper` default, so the same profile
     runs from .venv-vllm with vLLM and from the Prefect venv with Hugging Face)."""
     gpu_memory_utilization: float = 0.5
@@ -207,7 +207,7 @@ class TeacherConfig(_Section):
     """Chance that the teacher answers an objective wrongly on purpose."""
     forget_rate: float = 0.0
     """Chance that the teacher, moving on from a finished objective, writes `?` for its answer
-    in the `<IS>` (a memory-consolidation lapse; mem1_core.teacher). SFT copies the habit; RL
+    in the `<IS>` (a memory-consolidation lapse; mem1_core.rollout.teacher). SFT copies the habit; RL
     on the task reward can unlearn it (MEM1 §5.4)."""
     seed: int = 0
 
@@ -240,7 +240,7 @@ class SFTConfig(_Section):
     over the run's world and the `teacher_worlds` extra ones."""
     teacher_worlds: int = 0
     """Extra generated worlds (fresh names, train split only) the teacher also plays, so the
-    model cannot memorise entities and must learn to copy (see mem1_core.assets.teacher_world).
+    model cannot memorise entities and must learn to copy (see mem1_core.runs.assets.teacher_world).
     The world-based sources only; 0 for hub data."""
     warm_start_context_weight: float = 0.0
     """Warm start only: weight of a next-token loss on the prompt and <info> tokens of the
@@ -300,7 +300,7 @@ class PPOConfig(_Section):
     `fsdp`: `learner_world` learner ranks (Ray actors forming one torch.distributed group,
     one GPU each, or CPU ranks over gloo) shard policy, reference and critic with FSDP2
     (float32 master weights, compute in `model.dtype`) and split every minibatch between
-    them (mem1_core.fsdp_learner). Checkpoints hold full weights in the single learner's
+    them (mem1_core.training.fsdp_learner). Checkpoints hold full weights in the single learner's
     format, so evaluation and `--init` read them alike; their optimiser state is keyed by
     parameter name, so a run resumes under the strategy it was saved with."""
 
@@ -349,7 +349,7 @@ class PPOConfig(_Section):
 @dataclass(frozen=True)
 class PretrainConfig(_Section):
     """`mem1 pretrain`: the embedded default's base model, trained once on fresh worlds
-    (mem1_core.pretrain). Model sizes come from the `model` section."""
+    (mem1_core.training.pretrain). Model sizes come from the `model` section."""
 
     minutes: float = 120.0
     """Wall-clock budget (the lr schedule is cosine over it)."""

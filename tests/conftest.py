@@ -19,14 +19,14 @@ def small_world_config():
 
 @pytest.fixture(scope="session")
 def small_world(small_world_config):
-    from mem1_core.world import generate_world
+    from mem1_core.data.world import generate_world
 
     return generate_world(small_world_config)
 
 
 @pytest.fixture(scope="session")
 def small_world_dir(small_world, tmp_path_factory):
-    from mem1_core.world import write_world
+    from mem1_core.data.world import write_world
 
     out = tmp_path_factory.mktemp("world")
     write_world(small_world, out)
@@ -46,7 +46,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def small_tokenizer(small_world):
-    from mem1_core.tokenizer import train_tiny_tokenizer
+    from mem1_core.models.tokenizer import train_tiny_tokenizer
 
     return train_tiny_tokenizer(small_world.corpus["contents"].to_pylist(), 2400)
 
@@ -62,9 +62,9 @@ def small_index(small_world_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def small_tasks(small_world):
-    from mem1_core.compose import compose
-    from mem1_core.qa_data import world_questions
-    from mem1_core.rollout import tasks_from_table
+    from mem1_core.data.compose import compose
+    from mem1_core.data.qa_data import world_questions
+    from mem1_core.rollout.loop import tasks_from_table
 
     table, _ = compose(world_questions(small_world.questions).table, 2, split="test")
     return tasks_from_table(table)

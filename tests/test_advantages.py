@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from mem1_core.advantages import (
+from mem1_core.rl.advantages import (
     ADVANTAGE_ESTIMATORS,
     KL_ESTIMATORS,
     gae,

@@ -19,7 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from mem1_core.checkpoint import (
+from mem1_core.config import ModelConfig, load_config
+from mem1_core.models.model import build_tiny_model
+from mem1_core.rl.critic import Critic
+from mem1_core.runs.checkpoint import (
     TrainState,
     latest_checkpoint,
     list_checkpoints,
@@ -28,9 +31,6 @@ from mem1_core.checkpoint import (
     remove_partial,
     save_checkpoint,
 )
-from mem1_core.config import ModelConfig, load_config
-from mem1_core.critic import Critic
-from mem1_core.model import build_tiny_model
 
 TINY = ModelConfig(hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=64)
 
@@ -172,14 +172,14 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, int, bytes]]:
 
 @pytest.mark.slow
 def test_sigkill_then_resume_loses_and_duplicates_no_iteration(tmp_path, monkeypatch):
-    from mem1_core.cli import main
-    from mem1_core.trajectory import read_trajectories
+    from mem1_core.cli.main import main
+    from mem1_core.trajectory.record import read_trajectories
 
     monkeypatch.setenv("WANDB_MODE", "disabled")
     out = tmp_path / "run"
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mem1_core.cli", *_command(out)],
+        [sys.executable, "-m", "mem1_core.cli.main", *_command(out)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -8,20 +8,27 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mem1_core.cli import main
-from mem1_core.compose import compose
-from mem1_core.prompts import split_answers, task_prompt
-from mem1_core.qa_data import load_hotpotqa, load_nq, world_questions
+from mem1_core.cli.main import main
+from mem1_core.data.compose import compose
+from mem1_core.data.prompts import split_answers, task_prompt
+from mem1_core.data.qa_data import load_hotpotqa, load_nq, world_questions
 
 HOTPOT_ROWS = [
-    {"id": f"h{i}", "question": f"Hotpot question {i}?", "answer": f"ans{i}",
-     "supporting_facts": {"title": [f"T{i}", f"U{i}"], "sent_id": [0, 1]},
-     "context": {"title": [f"T{i}", f"U{i}"], "sentences": [[f"T{i} is a.", " b."], ["U c."]]},
-     "type": "bridge", "level": "hard"}
+    {
+        "id": f"h{i}",
+        "question": f"Hotpot question {i}?",
+        "answer": f"ans{i}",
+        "supporting_facts": {"title": [f"T{i}", f"U{i}"], "sent_id": [0, 1]},
+        "context": {"title": [f"T{i}", f"U{i}"], "sentences": [[f"T{i} is a.", " b."], ["U c."]]},
+        "type": "bridge",
+        "level": "hard",
+    }
     for i in range(5)
 ]
-NQ_ROWS = [{"id": f"n{i}", "question": f"nq question {i}", "golden_answers": [f"a{i}", f"b{i}"]}
-           for i in range(7)]
+NQ_ROWS = [
+    {"id": f"n{i}", "question": f"nq question {i}", "golden_answers": [f"a{i}", f"b{i}"]}
+    for i in range(7)
+]
 
 
 def _jsonl(path, rows):
@@ -30,10 +37,21 @@ def _jsonl(path, rows):
 
 
 def _table(source: str, n: int, split: str | None = None) -> pa.Table:
-    rows = [{"id": f"{source}{i}", "source": source, "question": f"{source} q{i}?",
-             "golden_answers": [f"{source}-a{i}"], "supporting_titles": [], "hops": 1,
-             "plan": None, "split": split} for i in range(n)]
-    from mem1_core.qa_data import QUESTIONS_SCHEMA
+    rows = [
+        {
+            "id": f"{source}{i}",
+            "source": source,
+            "question": f"{source} q{i}?",
+            "golden_answers": [f"{source}-a{i}"],
+            "supporting_titles": [],
+            "hops": 1,
+            "plan": None,
+            "split": split,
+        }
+        for i in range(n)
+    ]
+    from mem1_core.data.qa_data import QUESTIONS_SCHEMA
+
     return pa.Table.from_pylist(rows, schema=QUESTIONS_SCHEMA)
 
 
@@ -42,7 +60,10 @@ def test_per_source_groups_consecutive_questions_of_one_source():
     tasks, summary = compose(table, 3, "per_source")
     rows = tasks.to_pylist()
     assert [r["question_ids"] for r in rows] == [
-        ["a0", "a1", "a2"], ["a3", "a4", "a5"], ["b0", "b1", "b2"]]
+        ["a0", "a1", "a2"],
+        ["a3", "a4", "a5"],
+        ["b0", "b1", "b2"],
+    ]
     assert summary.leftover_dropped == 1 + 2 and summary.tasks == 3
     assert all(len(set(r["sources"])) == 1 for r in rows)
 
@@ -64,13 +85,15 @@ def test_answers_and_questions_stay_aligned_in_order(small_world_dir):
     tasks, _ = compose(loaded.table, 4, "per_source", split="test")
     for row in tasks.to_pylist():
         assert row["n_objectives"] == 4 and row["split"] == "test"
-        for qid, q, ans in zip(row["question_ids"], row["questions"], row["golden_answers"],
-                               strict=True):
+        for qid, q, ans in zip(
+            row["question_ids"], row["questions"], row["golden_answers"], strict=True
+        ):
             assert by_id[qid]["question"] == q and by_id[qid]["golden_answers"] == ans
             assert by_id[qid]["split"] == "test"
         # the prompt lists the questions in order, numbered
-        positions = [row["prompt"].index(f"Question {i}: {q}")
-                     for i, q in enumerate(row["questions"], 1)]
+        positions = [
+            row["prompt"].index(f"Question {i}: {q}") for i, q in enumerate(row["questions"], 1)
+        ]
         assert positions == sorted(positions)
 
 
@@ -104,19 +127,24 @@ def test_nq_flashrag_format_keeps_all_aliases(tmp_path):
 
 
 def test_hotpotqa_context_exports_as_corpus(tmp_path):
-    from mem1_core.qa_data import hotpotqa_corpus
+    from mem1_core.data.qa_data import hotpotqa_corpus
 
     corpus = hotpotqa_corpus(str(_jsonl(tmp_path / "h.jsonl", HOTPOT_ROWS)))
     assert corpus.column_names == ["doc_id", "title", "contents"]
     assert corpus.num_rows == 10
-    assert corpus.to_pylist()[0] == {"doc_id": "hp0000000", "title": "T0", "contents": "T0 is a. b."}
+    assert corpus.to_pylist()[0] == {
+        "doc_id": "hp0000000",
+        "title": "T0",
+        "contents": "T0 is a. b.",
+    }
 
 
 def test_cli_compose_nq_writes_the_schema(tmp_path, capsys):
     src = _jsonl(tmp_path / "nq.jsonl", NQ_ROWS)
     out = tmp_path / "t.parquet"
-    assert main(["compose", "--input", str(src), "--format", "nq", "-n", "2",
-                 "--out", str(out)]) == 0
+    assert (
+        main(["compose", "--input", str(src), "--format", "nq", "-n", "2", "--out", str(out)]) == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["tasks"] == 3 and report["leftover_dropped"] == 1
     t = pq.read_table(out)
@@ -127,20 +155,24 @@ def test_cli_compose_nq_writes_the_schema(tmp_path, capsys):
 
 # ---- bad input --------------------------------------------------------------------------
 
+
 def test_malformed_json_line_is_reported_with_its_number(tmp_path, capsys):
     src = tmp_path / "bad.jsonl"
     src.write_text(json.dumps(NQ_ROWS[0]) + "\n" + json.dumps(NQ_ROWS[1]) + "\n{oops\n")
     out = tmp_path / "t.parquet"
-    assert main(["compose", "--input", str(src), "--format", "nq", "-n", "1",
-                 "--out", str(out)]) == 2
+    assert (
+        main(["compose", "--input", str(src), "--format", "nq", "-n", "1", "--out", str(out)]) == 2
+    )
     assert "line 3" in capsys.readouterr().err
     assert not out.exists()
 
 
 def test_rows_without_question_or_answer_are_skipped_and_counted(tmp_path, capsys):
-    rows = NQ_ROWS[:4] + [{"id": "e", "question": " ", "golden_answers": ["x"]},
-                          {"id": "f", "question": "q?", "golden_answers": []},
-                          {"id": "g", "question": "q?"}]
+    rows = NQ_ROWS[:4] + [
+        {"id": "e", "question": " ", "golden_answers": ["x"]},
+        {"id": "f", "question": "q?", "golden_answers": []},
+        {"id": "g", "question": "q?"},
+    ]
     loaded = load_nq(str(_jsonl(tmp_path / "nq.jsonl", rows)))
     assert loaded.table.num_rows == 4
     assert loaded.skipped == {"empty_question": 1, "no_answer": 2}
@@ -161,12 +193,12 @@ def test_clear_errors_and_nothing_written(tmp_path, capsys, rows, n, message):
 
 
 def test_a_failed_write_leaves_the_old_file_intact(tmp_path):
-    from mem1_core import io
+    from mem1_core.runs import atomic
 
     target = tmp_path / "x.parquet"
-    io.write_parquet(_table("a", 2), target)
+    atomic.write_parquet(_table("a", 2), target)
     before = target.read_bytes()
-    with pytest.raises(RuntimeError), io.atomic_path(target) as tmp:
+    with pytest.raises(RuntimeError), atomic.atomic_path(target) as tmp:
         tmp.write_bytes(b"partial")
         raise RuntimeError("killed half-way")
     assert target.read_bytes() == before
@@ -177,8 +209,26 @@ def test_cli_world_then_compose_every_n(tmp_path, capsys):
     assert main(["world", "--profile", "smoke", "--seed", "3", "--out", str(tmp_path / "w")]) == 0
     for n in (1, 2, 4, 8, 16):
         out = tmp_path / f"t{n}.parquet"
-        assert main(["compose", "--world", str(tmp_path / "w"), "-n", str(n), "--split", "train",
-                     "--mode", "mixed", "--seed", "1", "--out", str(out)]) == 0
+        assert (
+            main(
+                [
+                    "compose",
+                    "--world",
+                    str(tmp_path / "w"),
+                    "-n",
+                    str(n),
+                    "--split",
+                    "train",
+                    "--mode",
+                    "mixed",
+                    "--seed",
+                    "1",
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
         t = pq.read_table(out)
         assert set(t["n_objectives"].to_pylist()) == {n}
         assert all(len(a) == n for a in t["golden_answers"].to_pylist())

@@ -22,9 +22,13 @@ def test_yaml_then_overrides(tmp_path):
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
-    [(["world.nope=1"], "unknown config field"), (["world.seed=abc"], "expected int"),
-     (["retrieval.kind=magic"], "bm25 or dense"), (["seed"], "section.field=value"),
-     (["teacher.forget_rate=1.5"], r"teacher.forget_rate must be in \[0, 1\]")],
+    [
+        (["world.nope=1"], "unknown config field"),
+        (["world.seed=abc"], "expected int"),
+        (["retrieval.kind=magic"], "bm25 or dense"),
+        (["seed"], "section.field=value"),
+        (["teacher.forget_rate=1.5"], r"teacher.forget_rate must be in \[0, 1\]"),
+    ],
 )
 def test_bad_overrides_say_how_to_fix_them(overrides, message):
     with pytest.raises(ValueError, match=message):
@@ -63,7 +67,7 @@ def test_gpu_training_fields_reject_bad_values(overrides, message):
 
 
 def test_rollout_backend():
-    from mem1_core.ray_runtime import _vllm_importable, resolve_backend
+    from mem1_core.training.ray_runtime import _vllm_importable, resolve_backend
 
     auto = resolve_backend(load_config("paper"))
     assert auto.rollout.backend == ("vllm" if _vllm_importable() else "hf")

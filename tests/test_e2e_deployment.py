@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from flows import launch
+from deployments import launch
 from flows.pipeline import (
     PIPELINE,
     STAGES,
@@ -289,8 +289,15 @@ def test_train_eval_deployment_runs_on_a_worker(deployed, tmp_path):
         assert summary["headline"]["compose-tasks"][f"{path.stem} tasks"] == rows
     assert (run_dir / "summary.md").read_text().startswith("# mem1 run `e2e` — completed")
     # every stage left its files: the evaluation table and plots, the ablation plots
-    for rel in ("eval/metrics.csv", "eval/metrics.parquet", "eval/peak_tokens.png", "eval/em.png",
-                "ablation/rl_vs_sft.png", "ablation/reward_curve.png", "warm_start/policy"):
+    for rel in (
+        "eval/metrics.csv",
+        "eval/metrics.parquet",
+        "eval/peak_tokens.png",
+        "eval/em.png",
+        "ablation/rl_vs_sft.png",
+        "ablation/reward_curve.png",
+        "warm_start/policy",
+    ):
         assert (run_dir / rel).exists(), rel
     agents = set(pd.read_csv(run_dir / "eval" / "metrics.csv")["agent"])
     assert {"warm-start", "mem1-ppo", "mem1-sft", "full-ppo", "truncate-ppo", "teacher"} <= agents
@@ -327,7 +334,7 @@ def test_interrupted_launcher_leaves_no_process(deployed, tmp_path):
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 
     run_name = f"interrupt-{os.getpid()}"
-    cmd = [sys.executable, "-m", "flows.launch", "--profile", "smoke", "--no-deploy",
+    cmd = [sys.executable, "-m", "deployments.launch", "--profile", "smoke", "--no-deploy",
            "--runs-root", str(tmp_path), "--run-name", run_name]  # fmt: skip
     log = tmp_path / "launcher.log"
     with open(log, "w") as sink:  # a file, not a pipe: a full pipe would block the launcher

@@ -1,4 +1,4 @@
-"""FSDP2 for the learner (mem1_core.fsdp, mem1_core.fsdp_learner; issue #7), on CPU with two
+"""FSDP2 for the learner (mem1_core.training.fsdp, mem1_core.training.fsdp_learner; issue #7), on CPU with two
 gloo ranks. The sharding: each rank runs its half of a batch of trees through the sharded
 policy and critic; the summed gradients, the gradient norm, one AdamW step and the full
 state dict equal those of the unsharded models on the whole batch. The learner group (two
@@ -32,7 +32,7 @@ def _free_port() -> int:
 def _models():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from mem1_core.critic import Critic
+    from mem1_core.rl.critic import Critic
 
     torch.manual_seed(0)
     cfg = Qwen2Config(
@@ -46,7 +46,7 @@ def _models():
 
 
 def _batch():
-    from mem1_core.tree import Segment, collate, flatten
+    from mem1_core.trajectory.tree import Segment, collate, flatten
 
     rng = random.Random(0)
 
@@ -78,9 +78,9 @@ def _worker(rank: int, world: int, port: int) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from mem1_core.fsdp import full_state_dict, rank_rows, shard_critic, shard_policy
-    from mem1_core.logprobs import forward_tree, tree_attention_mask
-    from mem1_core.ppo import select_rows
+    from mem1_core.rl.ppo import select_rows
+    from mem1_core.training.fsdp import full_state_dict, rank_rows, shard_critic, shard_policy
+    from mem1_core.trajectory.logprobs import forward_tree, tree_attention_mask
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -164,7 +164,7 @@ def _config(*extra: str):
 def ray_session():
     """One private Ray for this module's groups and runs (train_rl then does not own it)."""
     ray = pytest.importorskip("ray")
-    from mem1_core.ray_runtime import start_ray
+    from mem1_core.training.ray_runtime import start_ray
 
     owns = start_ray(_config(*FSDP).ppo)
     yield
@@ -177,8 +177,8 @@ def rolled(tmp_path_factory):
     """A prepared run directory and 5 trajectories of the initial policy (3 tasks x 2
     samples, the last dropped), the first sample of each task declared right so that the
     advantages are not all zero."""
-    from mem1_core.assets import load_tasks, prepare
-    from mem1_core.ray_runtime import RolloutWorker
+    from mem1_core.runs.assets import load_tasks, prepare
+    from mem1_core.training.ray_runtime import RolloutWorker
 
     cfg = _config()
     root = tmp_path_factory.mktemp("fsdp_run")
@@ -213,8 +213,8 @@ def _assert_same_weights(got, want, atol=ADAM_NOISE):
 
 
 def test_every_rank_runs_as_many_micro_batches():
-    from mem1_core.fsdp_learner import Rank, rank_micro_batches
-    from mem1_core.tree import Segment, collate, flatten
+    from mem1_core.training.fsdp_learner import Rank, rank_micro_batches
+    from mem1_core.trajectory.tree import Segment, collate, flatten
 
     trees = [flatten([[Segment(("p",), (1,) * (3 + i), True)]]) for i in range(5)]
     batch = collate(trees, 0)
@@ -236,10 +236,10 @@ def test_the_fsdp_group_updates_saves_and_restores_as_the_single_learner(
 ):
     import ray
 
-    from mem1_core.checkpoint import TrainState, read_state
-    from mem1_core.critic import Critic
-    from mem1_core.fsdp_learner import start_learner_group
-    from mem1_core.ray_runtime import Learner
+    from mem1_core.rl.critic import Critic
+    from mem1_core.runs.checkpoint import TrainState, read_state
+    from mem1_core.training.fsdp_learner import start_learner_group
+    from mem1_core.training.ray_runtime import Learner
 
     root, trajs = rolled
     single = Learner(_config(), str(root), None, estimator, threads=1)
@@ -296,10 +296,10 @@ def test_the_fsdp_group_updates_saves_and_restores_as_the_single_learner(
 def test_train_rl_with_an_fsdp_learner_trains_checkpoints_and_resumes(
     tmp_path, monkeypatch, ray_session
 ):
-    from mem1_core.assets import RunPaths, ensure_tokenizer
-    from mem1_core.checkpoint import read_state
-    from mem1_core.model import load_model
-    from mem1_core.train_rl import train_rl
+    from mem1_core.models.model import load_model
+    from mem1_core.runs.assets import RunPaths, ensure_tokenizer
+    from mem1_core.runs.checkpoint import read_state
+    from mem1_core.training.train_rl import train_rl
 
     monkeypatch.setenv("WANDB_MODE", "disabled")
     out = tmp_path / "run"
@@ -321,9 +321,9 @@ def test_train_rl_with_an_fsdp_learner_trains_checkpoints_and_resumes(
 
 
 def test_impossible_fsdp_settings_fail_with_the_way_out(tmp_path):
-    from mem1_core.assets import RunPaths
     from mem1_core.config import load_config
-    from mem1_core.ray_runtime import Runtime
+    from mem1_core.runs.assets import RunPaths
+    from mem1_core.training.ray_runtime import Runtime
 
     cfg = load_config("smoke", None, FSDP)
     assert cfg.ppo.learner_world == 2 and load_config("smoke").ppo.learner_world == 1

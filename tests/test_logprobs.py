@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from mem1_core.logprobs import (
+from mem1_core.trajectory.logprobs import (
     PrefixPlan,
     forward_tree,
     per_turn_logprobs,
@@ -17,7 +17,7 @@ from mem1_core.logprobs import (
     token_logprobs,
     tree_attention_mask,
 )
-from mem1_core.tree import FlatBatch, Segment, collate, flatten
+from mem1_core.trajectory.tree import FlatBatch, Segment, collate, flatten
 
 VOCAB = 300
 TOL = 1e-5
@@ -348,13 +348,13 @@ def test_flex_attention_forward_and_backward_on_cuda(models, dtype) -> None:
 def test_bench_trajectory_cli_and_its_baseline(tmp_path, capsys) -> None:
     import json
 
-    from mem1_core.bench_trajectory import (
-        TrajectoryBenchConfig,
-        per_turn_batched_logprobs,
-        synthetic_trajectories,
-        tiny_qwen2,
-    )
-    from mem1_core.cli import main
+    from mem1_core.cli.commands.bench import load_benchmark
+    from mem1_core.cli.main import main
+
+    bench = load_benchmark("bench_trajectory")
+    TrajectoryBenchConfig, tiny_qwen2 = bench.TrajectoryBenchConfig, bench.tiny_qwen2
+    per_turn_batched_logprobs = bench.per_turn_batched_logprobs
+    synthetic_trajectories = bench.synthetic_trajectories
 
     # The timed baseline (length-sorted padded micro-batches) computes the definition too,
     # a generated first token with no context included.

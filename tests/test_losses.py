@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from mem1_core.losses import (
+from mem1_core.rl.losses import (
     clipped_policy_loss,
     clipped_value_loss,
     entropy_bonus,

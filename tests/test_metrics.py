@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from mem1_core.metrics import (
+from mem1_core.evaluation.metrics import (
     dependency,
     exact_match,
     f1_score,

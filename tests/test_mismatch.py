@@ -8,10 +8,10 @@ import random
 import pytest
 import torch
 
-from mem1_core.memory import get_policy
-from mem1_core.mismatch import rollout_logprob_mismatch, turn_logprob_mismatch
-from mem1_core.ppo import make_rollout_batch
-from mem1_core.trajectory import Action, Trajectory, Turn
+from mem1_core.rl.ppo import make_rollout_batch
+from mem1_core.rollout.memory import get_policy
+from mem1_core.trajectory.mismatch import rollout_logprob_mismatch, turn_logprob_mismatch
+from mem1_core.trajectory.record import Action, Trajectory, Turn
 
 
 def make_trajectories(policy: str, n: int, seed: int) -> list[Trajectory]:

@@ -14,12 +14,9 @@ import pytest
 import torch
 
 from mem1_core.config import ModelConfig, PPOConfig, RolloutConfig
-from mem1_core.critic import Critic
-from mem1_core.env import QAEnvironment
-from mem1_core.generation import HFBackend
-from mem1_core.logprobs import forward_tree, per_turn_logprobs
-from mem1_core.model import build_tiny_model
-from mem1_core.ppo import (
+from mem1_core.models.model import build_tiny_model
+from mem1_core.rl.critic import Critic
+from mem1_core.rl.ppo import (
     Models,
     NonFiniteError,
     NonFiniteGuard,
@@ -31,8 +28,11 @@ from mem1_core.ppo import (
     score,
     update,
 )
-from mem1_core.rollout import rollout
-from mem1_core.trajectory import turn_paths
+from mem1_core.rollout.env import QAEnvironment
+from mem1_core.rollout.generation import HFBackend
+from mem1_core.rollout.loop import rollout
+from mem1_core.trajectory.logprobs import forward_tree, per_turn_logprobs
+from mem1_core.trajectory.record import turn_paths
 
 ROLLOUT = RolloutConfig(
     turns_base=1, turns_per_objective=1, gen_tokens_base=10, gen_tokens_per_objective=2
@@ -325,7 +325,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(policy, trajs, small_to
     # Issue #7: activation checkpointing recomputes each layer in backward; the PPO
     # gradient (policy and critic) must not change. It must also really be on: the MLP of a
     # checkpointed layer runs twice per micro-batch (forward, then the recompute).
-    from mem1_core.model import enable_gradient_checkpointing, is_checkpointing
+    from mem1_core.models.model import enable_gradient_checkpointing, is_checkpointing
 
     models = fresh(policy)
     rb, targets = prepared(models, trajs, small_tokenizer.pad_token_id)
@@ -404,7 +404,7 @@ def test_flex_learner_on_cuda_equals_the_dense_cpu_learner(trajs, small_tokenize
     # The learner's GPU path (issue #7): FlexAttention (BlockMask), activation checkpointing
     # and sequence buckets on CUDA give the old log-probs, values and PPO gradients of the
     # CPU reference path (sdpa, no checkpointing, no buckets), in float32.
-    from mem1_core.model import enable_gradient_checkpointing
+    from mem1_core.models.model import enable_gradient_checkpointing
 
     torch.backends.cuda.matmul.allow_tf32 = False
     # head_dim 16: FlexAttention's CUDA kernels need at least 16.

@@ -6,7 +6,7 @@ import json
 
 import pandas as pd
 
-from mem1_core.cli import main
+from mem1_core.cli.main import main
 from mem1_core.retrieval import read_manifest
 from mem1_core.retrieval.corpus import format_contents
 

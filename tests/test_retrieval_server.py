@@ -98,7 +98,7 @@ def test_health(url):
 
 
 def test_server_binds_loopback_by_default(retriever):
-    from mem1_core.cli import build_parser
+    from mem1_core.cli.main import build_parser
 
     args = build_parser().parse_args(["serve-retriever", "--index", "x"])
     assert args.host == "127.0.0.1"

@@ -11,30 +11,35 @@ import pytest
 import torch
 
 from mem1_core.config import ModelConfig, RolloutConfig
-from mem1_core.env import QAEnvironment
-from mem1_core.generation import HFBackend
-from mem1_core.logprobs import per_turn_logprobs, token_logprobs
-from mem1_core.model import build_tiny_model
-from mem1_core.rollout import rollout
-from mem1_core.trajectory import (
+from mem1_core.models.model import build_tiny_model
+from mem1_core.rollout.env import QAEnvironment
+from mem1_core.rollout.generation import HFBackend
+from mem1_core.rollout.loop import rollout
+from mem1_core.trajectory.logprobs import per_turn_logprobs, token_logprobs
+from mem1_core.trajectory.record import (
     Action,
     SegmentKind,
     read_trajectories,
     turn_paths,
     write_trajectories,
 )
-from mem1_core.tree import collate, flatten
+from mem1_core.trajectory.tree import collate, flatten
 
-CFG = RolloutConfig(turns_base=1, turns_per_objective=1, gen_tokens_base=12,
-                    gen_tokens_per_objective=2)
+CFG = RolloutConfig(
+    turns_base=1, turns_per_objective=1, gen_tokens_base=12, gen_tokens_per_objective=2
+)
 REPLAY = dataclasses.replace(CFG, gen_tokens_base=64)
 
 
 @pytest.fixture(scope="module")
 def model(small_tokenizer):
     torch.manual_seed(0)
-    return build_tiny_model(ModelConfig(hidden_size=32, num_layers=2, num_heads=4,
-                                        num_kv_heads=2, intermediate_size=64), small_tokenizer)
+    return build_tiny_model(
+        ModelConfig(
+            hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64
+        ),
+        small_tokenizer,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +53,14 @@ def rollouts(model, env, small_tasks, small_tokenizer):
     out = {}
     for policy in ("mem1", "full", "truncate"):
         cfg = dataclasses.replace(CFG, policy=policy, truncate_turns=1)
-        out[policy] = rollout(small_tasks[:5], backend, env, cfg, samples_per_task=1,
-                              generator=torch.Generator().manual_seed(0))
+        out[policy] = rollout(
+            small_tasks[:5],
+            backend,
+            env,
+            cfg,
+            samples_per_task=1,
+            generator=torch.Generator().manual_seed(0),
+        )
     return out
 
 
@@ -74,8 +85,9 @@ def test_recorded_logprobs_equal_a_rerun_of_each_turns_context(rollouts, model, 
 
 
 @pytest.mark.parametrize("policy", ["mem1", "full", "truncate"])
-def test_flattened_tree_matches_the_definition_on_real_rollouts(rollouts, model, policy,
-                                                                small_tokenizer):
+def test_flattened_tree_matches_the_definition_on_real_rollouts(
+    rollouts, model, policy, small_tokenizer
+):
     trajs = rollouts[policy]
     batch = collate([flatten(turn_paths(t)) for t in trajs], small_tokenizer.pad_token_id)
     with torch.no_grad():
@@ -91,8 +103,11 @@ def test_flattened_tree_matches_the_definition_on_real_rollouts(rollouts, model,
 
 def test_contexts_are_rebuilt_from_ids_per_policy(rollouts):
     m, f, tr = rollouts["mem1"][0], rollouts["full"][0], rollouts["truncate"][0]
-    assert [r.kind for r in m.turns[2].context] == [SegmentKind.PROMPT, SegmentKind.GEN,
-                                                    SegmentKind.INFO]
+    assert [r.kind for r in m.turns[2].context] == [
+        SegmentKind.PROMPT,
+        SegmentKind.GEN,
+        SegmentKind.INFO,
+    ]
     assert m.turns[2].context[1].turn == 1
     assert len(f.turns[2].context) == 1 + 2 * 2
     assert [r.turn for r in tr.turns[2].context] == [-1, 1, 1]
@@ -111,12 +126,14 @@ def test_mem1_context_stays_bounded_as_turns_grow(model, env, small_tasks, small
     prompt = len(traj.prompt_ids)
     bound = prompt + cfg.max_new_tokens(2) + max(len(t.info_ids) for t in traj.turns)
     assert all(t.context_tokens <= bound for t in traj.turns)
-    full = rollout(small_tasks[:1], backend, env, dataclasses.replace(cfg, policy="full"),
-                   greedy=True)[0]
+    full = rollout(
+        small_tasks[:1], backend, env, dataclasses.replace(cfg, policy="full"), greedy=True
+    )[0]
     assert full.turns[-1].context_tokens > 2 * traj.turns[-1].context_tokens
 
 
 # ---- the environment's rules for untrusted output --------------------------------------
+
 
 class ReplayBackend:
     """Plays fixed turns (texts tokenized here) in place of a model, to drive the
@@ -127,7 +144,7 @@ class ReplayBackend:
         self.i = 0
 
     def generate(self, contexts, params, generator=None):
-        from mem1_core.generation import Generation
+        from mem1_core.rollout.generation import Generation
 
         out = []
         for _ in contexts:
@@ -164,8 +181,10 @@ def test_runaway_turn_is_invalid(env, small_tokenizer):
 def test_query_then_answer_is_scored_per_objective(env, small_tasks, small_tokenizer):
     task = small_tasks[0]
     gold = [g[0] for g in task.golden_answers]
-    script = [f"<IS> start </IS><query>{task.questions[0]}</query>",
-              f"<IS> found </IS><answer>{gold[0]}; wrong</answer>"]
+    script = [
+        f"<IS> start </IS><query>{task.questions[0]}</query>",
+        f"<IS> found </IS><answer>{gold[0]}; wrong</answer>",
+    ]
     traj = rollout([task], ReplayBackend(small_tokenizer, script), env, REPLAY)[0]
     assert [t.action for t in traj.turns] == [Action.QUERY, Action.ANSWER]
     assert traj.em == [1.0, 0.0] and traj.reward == 0.5 and traj.em_sum == 1.0
@@ -174,8 +193,9 @@ def test_query_then_answer_is_scored_per_objective(env, small_tasks, small_token
     assert traj.turns[0].query == task.questions[0]
 
 
-def test_invalid_turn_gets_a_format_info_and_the_last_turn_must_answer(env, small_tasks,
-                                                                      small_tokenizer):
+def test_invalid_turn_gets_a_format_info_and_the_last_turn_must_answer(
+    env, small_tasks, small_tokenizer
+):
     script = ["garbage", "<IS> s </IS><query> q </query>", "<IS> s </IS><query> q </query>"]
     traj = rollout(small_tasks[:1], ReplayBackend(small_tokenizer, script), env, REPLAY)[0]
     assert traj.turns[0].action is Action.INVALID and "[FORMAT]" in traj.turns[0].info_text
@@ -187,11 +207,27 @@ def test_invalid_turn_gets_a_format_info_and_the_last_turn_must_answer(env, smal
 def test_cli_rollout_of_the_untrained_model_writes_trajectories(tmp_path, capsys):
     import json
 
-    from mem1_core.cli import main
+    from mem1_core.cli.main import main
 
     out = tmp_path / "t.parquet"
-    assert main(["rollout", "--profile", "smoke", "--run", str(tmp_path / "run"), "-n", "2",
-                 "--tasks", "3", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "rollout",
+                "--profile",
+                "smoke",
+                "--run",
+                str(tmp_path / "run"),
+                "-n",
+                "2",
+                "--tasks",
+                "3",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     trajs = read_trajectories(out)
     assert report["tasks"] == len(trajs) == 3 and all(t.done for t in trajs)

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from mem1_core.config import ModelConfig, RolloutConfig
-from mem1_core.env import QAEnvironment
-from mem1_core.logprobs import per_turn_logprobs
-from mem1_core.model import build_tiny_model
-from mem1_core.rollout import rollout
-from mem1_core.sft import lr_at, sft_loss, teacher_trajectories, train_on_trajectories
-from mem1_core.teacher import ScriptedTeacher
-from mem1_core.trajectory import Action, turn_paths
-from mem1_core.tree import flatten
+from mem1_core.models.model import build_tiny_model
+from mem1_core.rollout.env import QAEnvironment
+from mem1_core.rollout.loop import rollout
+from mem1_core.rollout.teacher import ScriptedTeacher
+from mem1_core.training.sft import lr_at, sft_loss, teacher_trajectories, train_on_trajectories
+from mem1_core.trajectory.logprobs import per_turn_logprobs
+from mem1_core.trajectory.record import Action, turn_paths
+from mem1_core.trajectory.tree import flatten
 
 CFG = RolloutConfig()
 
@@ -39,9 +39,9 @@ def env(small_tokenizer, small_index):
 def test_teacher_plays_the_format_well_under_both_policies(
     small_world, small_tokenizer, env, policy, n
 ):
-    from mem1_core.compose import compose
-    from mem1_core.qa_data import world_questions
-    from mem1_core.rollout import tasks_from_table
+    from mem1_core.data.compose import compose
+    from mem1_core.data.qa_data import world_questions
+    from mem1_core.rollout.loop import tasks_from_table
 
     table, _ = compose(world_questions(small_world.questions).table, n, split="test")
     tasks = tasks_from_table(table)[:8]
@@ -66,7 +66,7 @@ def test_teacher_state_carries_forward_what_it_found(small_tasks, small_tokenize
 def test_teacher_actions_use_the_same_tokens_as_the_documents(small_tasks, small_tokenizer, env):
     """A name or year the teacher queries or answers is the same token ids as in running
     text (a state, a document: after a space), not another spelling glued to the tag."""
-    from mem1_core.prompts import split_answers
+    from mem1_core.data.prompts import split_answers
 
     tasks = small_tasks[:8]
     trajs = rollout(tasks, ScriptedTeacher(small_tokenizer, tasks), env, CFG, policy="mem1")
@@ -99,10 +99,10 @@ def test_a_forgetful_teacher_answers_what_it_moved_on_from_with_a_question_mark(
     """forget_rate=1: each finished objective but the last is `?` in every later state and in
     the answer; the rest of the play is the perfect teacher's. Checked against the perfect
     teacher's own trajectories."""
-    from mem1_core.compose import compose
-    from mem1_core.prompts import split_answers
-    from mem1_core.qa_data import world_questions
-    from mem1_core.rollout import tasks_from_table
+    from mem1_core.data.compose import compose
+    from mem1_core.data.prompts import split_answers
+    from mem1_core.data.qa_data import world_questions
+    from mem1_core.rollout.loop import tasks_from_table
 
     table, _ = compose(world_questions(small_world.questions).table, n, split="train")
     tasks = tasks_from_table(table)[:12]
@@ -126,7 +126,7 @@ def test_a_forgetful_teacher_answers_what_it_moved_on_from_with_a_question_mark(
 def test_forgetting_is_a_fixed_draw_per_trajectory_and_objective(small_tasks, small_tokenizer, env):
     """Half the finished first objectives are dropped at forget_rate=0.5, and the same ones on
     a second run (a turn's text depends only on its trajectory)."""
-    from mem1_core.prompts import split_answers
+    from mem1_core.data.prompts import split_answers
 
     tasks = small_tasks[:40]
 
@@ -194,8 +194,8 @@ def test_context_loss_is_the_plain_language_model_loss_on_environment_tokens(
 
 
 def test_teacher_worlds_are_fresh_and_train_only(small_world_config, tmp_path):
-    from mem1_core.assets import RunPaths, load_tasks, teacher_world
     from mem1_core.config import load_config
+    from mem1_core.runs.assets import RunPaths, load_tasks, teacher_world
 
     cfg = load_config("smoke")
     paths = RunPaths(tmp_path)

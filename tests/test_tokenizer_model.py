@@ -7,10 +7,10 @@ import dataclasses
 import torch
 
 from mem1_core.config import ModelConfig, WorldConfig
-from mem1_core.model import build_tiny_model, load_model, save_model
-from mem1_core.prompts import TAGS
-from mem1_core.tokenizer import YEARS, load_tokenizer, tag_ids
-from mem1_core.world import generate_world
+from mem1_core.data.prompts import TAGS
+from mem1_core.data.world import generate_world
+from mem1_core.models.model import build_tiny_model, load_model, save_model
+from mem1_core.models.tokenizer import YEARS, load_tokenizer, tag_ids
 
 
 def test_tags_are_single_special_tokens(small_tokenizer):
@@ -72,7 +72,7 @@ def test_world_config_default_is_the_tiny_profile():
 def test_master_weights_let_a_tiny_learning_rate_move_a_bf16_model(small_tokenizer):
     """The paper's actor lr (1e-6) on bf16 parameters rounds every update away; on float32
     master weights under bf16 autocast the same step moves them, and compute stays bf16."""
-    from mem1_core.model import master_weights
+    from mem1_core.models.model import master_weights
 
     cfg = ModelConfig(
         hidden_size=32,
@@ -115,9 +115,9 @@ def test_master_weights_let_a_tiny_learning_rate_move_a_bf16_model(small_tokeniz
 def test_a_run_adopts_the_tokenizer_of_the_policy_it_starts_from(small_tokenizer, tmp_path):
     import pytest
 
-    from mem1_core.assets import RunPaths, adopt_init_tokenizer
     from mem1_core.config import Config
-    from mem1_core.tokenizer import train_tiny_tokenizer
+    from mem1_core.models.tokenizer import train_tiny_tokenizer
+    from mem1_core.runs.assets import RunPaths, adopt_init_tokenizer
 
     cfg = Config()
     init = tmp_path / "policy"
@@ -139,8 +139,8 @@ def test_sft_from_a_policy_tokenises_with_its_tokenizer(small_tokenizer, tmp_pat
     import pytest
 
     from mem1_core.config import load_config
-    from mem1_core.sft import train_sft
-    from mem1_core.tokenizer import train_tiny_tokenizer
+    from mem1_core.models.tokenizer import train_tiny_tokenizer
+    from mem1_core.training.sft import train_sft
 
     cfg = load_config("smoke", None, ["sft.steps=1", "sft.n_teacher_tasks=8"])
     init = tmp_path / "policy"

@@ -37,8 +37,8 @@ def ray_cleanup():
 
 
 def _tree_logprobs(model, trajs, pad_id):
-    from mem1_core.logprobs import forward_tree
-    from mem1_core.ppo import make_rollout_batch
+    from mem1_core.rl.ppo import make_rollout_batch
+    from mem1_core.trajectory.logprobs import forward_tree
 
     rb = make_rollout_batch(trajs, pad_id)
     with torch.no_grad():
@@ -48,10 +48,10 @@ def _tree_logprobs(model, trajs, pad_id):
 
 @pytest.mark.slow
 def test_smoke_ppo_through_ray(tmp_path, monkeypatch, ray_cleanup):
-    from mem1_core.assets import RunPaths, ensure_tokenizer, initial_policy
-    from mem1_core.model import load_model
-    from mem1_core.train_rl import train_rl
-    from mem1_core.trajectory import read_trajectories
+    from mem1_core.models.model import load_model
+    from mem1_core.runs.assets import RunPaths, ensure_tokenizer, initial_policy
+    from mem1_core.training.train_rl import train_rl
+    from mem1_core.trajectory.record import read_trajectories
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     cfg = load_config("smoke", overrides=OVERRIDES)
@@ -90,8 +90,8 @@ def test_runs_inside_reuse_actors_share_the_actors_and_train_as_fresh_ones(
     import ray
     from safetensors.torch import load_file
 
-    from mem1_core import actor_pool
-    from mem1_core.train_rl import train_rl
+    from mem1_core.training import actor_pool
+    from mem1_core.training.train_rl import train_rl
 
     monkeypatch.setenv("WANDB_MODE", "disabled")
     one = [*OVERRIDES, "ppo.iterations=1"]

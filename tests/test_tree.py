@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from mem1_core.tree import (
+from mem1_core.trajectory.tree import (
     IGNORE,
     FlatTree,
     Segment,

@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from mem1_core.config import ModelConfig, RolloutConfig, load_config
-from mem1_core.generation import HFBackend, SamplingParams
-from mem1_core.model import build_tiny_model, save_model
+from mem1_core.models.model import build_tiny_model, save_model
+from mem1_core.rollout.generation import HFBackend, SamplingParams
 
 # vLLM's CPU engine in this process (no engine-core subprocess: ~25 s to start, not ~90 s),
 # not pinned to cores (another job may share the machine), with a small KV cache.
@@ -72,7 +72,7 @@ def policy_dir(model, small_tokenizer, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def backend(vllm, policy_dir, small_tokenizer):
-    from mem1_core.generation_vllm import VLLMBackend
+    from mem1_core.rollout.generation_vllm import VLLMBackend
 
     return VLLMBackend.from_pretrained_dir(
         policy_dir, eos_id=small_tokenizer.eos_token_id, seed=0, **ENGINE
@@ -86,7 +86,7 @@ def hf(model, small_tokenizer):
 
 @pytest.fixture(scope="module")
 def env(small_tokenizer, small_index):
-    from mem1_core.env import QAEnvironment
+    from mem1_core.rollout.env import QAEnvironment
 
     return QAEnvironment(small_tokenizer, small_index, topk=2)
 
@@ -129,7 +129,7 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> tuple[float, float]:
 
 
 def test_missing_vllm_says_how_to_install(monkeypatch):
-    from mem1_core import generation_vllm
+    from mem1_core.rollout import generation_vllm
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
     with pytest.raises(ImportError, match=r"setup-vllm.*docs/gpu.md"):
@@ -138,8 +138,8 @@ def test_missing_vllm_says_how_to_install(monkeypatch):
 
 def test_vllm_rollouts_without_vllm_say_which_venv(monkeypatch, tmp_path):
     """The trainer refuses before building anything (no assets, no Ray, no saved policy)."""
-    from mem1_core.assets import RunPaths
-    from mem1_core.ray_runtime import Runtime
+    from mem1_core.runs.assets import RunPaths
+    from mem1_core.training.ray_runtime import Runtime
 
     monkeypatch.setitem(sys.modules, "vllm", None)
     cfg = load_config("smoke", overrides=["rollout.backend=vllm"])
@@ -251,8 +251,8 @@ WEIGHT_SYNC_SCRIPT = textwrap.dedent(
     import copy, json, sys
     import torch
     from transformers import AutoModelForCausalLM
-    from mem1_core.generation import HFBackend, SamplingParams
-    from mem1_core.generation_vllm import VLLMBackend
+    from mem1_core.rollout.generation import HFBackend, SamplingParams
+    from mem1_core.rollout.generation_vllm import VLLMBackend
 
     def main():
         path, engine = sys.argv[1], json.loads(sys.argv[2])
@@ -298,7 +298,7 @@ def test_weight_sync_crosses_the_engine_process(vllm, policy_dir, tmp_path):
 
 @pytest.mark.vllm
 def test_greedy_rollout_equals_the_hf_rollout(backend, hf, env, small_tasks):
-    from mem1_core.rollout import rollout
+    from mem1_core.rollout.loop import rollout
 
     for policy in ("mem1", "full"):
         cfg = dataclasses.replace(ROLLOUT, policy=policy)
@@ -314,10 +314,10 @@ def test_greedy_rollout_equals_the_hf_rollout(backend, hf, env, small_tasks):
 @pytest.mark.vllm
 @pytest.mark.parametrize("policy", ["mem1", "full", "truncate"])
 def test_sampled_rollout_records_the_learners_logprobs(backend, model, env, small_tasks, policy):
-    from mem1_core.logprobs import per_turn_logprobs
-    from mem1_core.mismatch import rollout_logprob_mismatch
-    from mem1_core.rollout import rollout
-    from mem1_core.trajectory import turn_paths
+    from mem1_core.rollout.loop import rollout
+    from mem1_core.trajectory.logprobs import per_turn_logprobs
+    from mem1_core.trajectory.mismatch import rollout_logprob_mismatch
+    from mem1_core.trajectory.record import turn_paths
 
     cfg = dataclasses.replace(ROLLOUT, policy=policy, truncate_turns=1, temperature=0.7)
     trajs = rollout(
@@ -360,11 +360,11 @@ TRAIN_OVERRIDES = [
 
 def _train_with_vllm(tmp_path, monkeypatch, use_ray: bool) -> list[dict]:
     """A two-iteration smoke PPO run whose rollout workers generate with vLLM; -> metrics."""
-    from mem1_core.assets import RunPaths, ensure_tokenizer, initial_policy
-    from mem1_core.logprobs import forward_tree
-    from mem1_core.ppo import make_rollout_batch
-    from mem1_core.train_rl import train_rl
-    from mem1_core.trajectory import read_trajectories
+    from mem1_core.rl.ppo import make_rollout_batch
+    from mem1_core.runs.assets import RunPaths, ensure_tokenizer, initial_policy
+    from mem1_core.training.train_rl import train_rl
+    from mem1_core.trajectory.logprobs import forward_tree
+    from mem1_core.trajectory.record import read_trajectories
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; else half the host's memory

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from mem1_core.config import WorldConfig
-from mem1_core.world import generate_world, write_world
+from mem1_core.data.world import generate_world, write_world
 
 
 def test_same_seed_gives_identical_bytes(tmp_path, small_world_config):
@@ -31,7 +31,8 @@ def test_files_have_the_documented_columns(small_world_dir):
     questions = pq.read_table(small_world_dir / "questions.parquet")
     assert corpus.column_names == ["doc_id", "title", "contents"]
     assert {"id", "question", "golden_answers", "supporting_titles", "hops", "split"} <= set(
-        questions.column_names)
+        questions.column_names
+    )
     assert len(set(corpus["doc_id"].to_pylist())) == corpus.num_rows
     assert len(set(corpus["title"].to_pylist())) == corpus.num_rows  # titles are unique
 
@@ -54,8 +55,13 @@ def test_test_questions_mention_no_entity_of_a_training_question(small_world):
 
 
 def test_supporting_documents_state_each_step_of_the_plan(small_world):
-    docs = dict(zip(small_world.corpus["title"].to_pylist(),
-                    small_world.corpus["contents"].to_pylist(), strict=True))
+    docs = dict(
+        zip(
+            small_world.corpus["title"].to_pylist(),
+            small_world.corpus["contents"].to_pylist(),
+            strict=True,
+        )
+    )
     q = small_world.questions.to_pydict()
     for i in range(len(q["id"])):
         plan = json.loads(q["plan"][i])
@@ -91,8 +97,9 @@ def test_question_types_and_near_duplicates_exist(small_world):
     assert len(set(surnames)) < len(surnames)
 
 
-@pytest.mark.parametrize("bad", [{"n_people": 0}, {"test_fraction": 1.0},
-                                 {"n_cities": 2, "n_countries": 5}])
+@pytest.mark.parametrize(
+    "bad", [{"n_people": 0}, {"test_fraction": 1.0}, {"n_cities": 2, "n_countries": 5}]
+)
 def test_bad_world_config_is_a_clear_error(bad):
     with pytest.raises(ValueError):
         WorldConfig(**bad)

@@ -16,7 +16,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from mem1_core.io import write_json
+from mem1_core.runs.atomic import write_json
 
 MANIFEST_NAME = "manifest.json"
 DOCS_NAME = "docs.arrow"

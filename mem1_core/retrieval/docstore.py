@@ -12,9 +12,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.ipc
 
-from mem1_core.io import atomic_path
 from mem1_core.retrieval.base import Hit
 from mem1_core.retrieval.corpus import CORPUS_COLUMNS
+from mem1_core.runs.atomic import atomic_path
 
 _SCHEMA = pa.schema([(c, pa.large_string()) for c in CORPUS_COLUMNS])
 

@@ -18,7 +18,6 @@ from typing import Any
 
 import pandas as pd
 
-from mem1_core.io import atomic_dir
 from mem1_core.retrieval.base import (
     DOCS_NAME,
     IndexKind,
@@ -30,6 +29,7 @@ from mem1_core.retrieval.base import (
 )
 from mem1_core.retrieval.corpus import CorpusReport, OnProblem, corpus_fingerprint, load_corpus
 from mem1_core.retrieval.docstore import DocStore, write_docstore
+from mem1_core.runs.atomic import atomic_dir
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,77 @@
+"""`mem1 rollout`: run a policy (saved, or the untrained tiny model) on N-objective tasks and
+write its trajectories to Parquet."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from mem1_core.cli.commands.data import add_config_args, config_from_args
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("rollout", help="roll a policy out on tasks; trajectories to Parquet")
+    p.add_argument(
+        "--run", required=True, help="run directory (world/tasks/index built if missing)"
+    )
+    p.add_argument(
+        "--policy-dir",
+        default=None,
+        help="a saved policy; default: the untrained model of the profile",
+    )
+    p.add_argument(
+        "--memory",
+        default=None,
+        choices=["mem1", "full", "truncate"],
+        help="memory policy (default: rollout.policy)",
+    )
+    p.add_argument("-n", "--objectives", type=int, default=2)
+    p.add_argument("--split", default="test", choices=["train", "test"])
+    p.add_argument("--tasks", type=int, default=8, help="how many tasks")
+    p.add_argument("--greedy", action="store_true", help="greedy decoding (default: sample)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="output trajectories .parquet")
+    add_config_args(p)
+    p.set_defaults(func=cmd_rollout)
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    import torch
+
+    from mem1_core.evaluation.evaluate import summarize
+    from mem1_core.models.model import load_model
+    from mem1_core.rollout.generation import HFBackend
+    from mem1_core.rollout.loop import rollout
+    from mem1_core.runs.assets import (
+        ensure_tokenizer,
+        initial_policy,
+        load_tasks,
+        make_env,
+        prepare,
+    )
+    from mem1_core.trajectory.record import write_trajectories
+
+    cfg = config_from_args(args)
+    paths = prepare(cfg, args.run)
+    tok = ensure_tokenizer(cfg, paths)
+    model = (
+        load_model(args.policy_dir, cfg.model, tok) if args.policy_dir else initial_policy(cfg, tok)
+    )
+    tasks = load_tasks(cfg, paths, args.split, args.objectives)[: args.tasks]
+    backend = HFBackend(model, tok.pad_token_id, tok.eos_token_id, cfg.rollout.batch_size)
+    import time
+
+    t0 = time.perf_counter()
+    trajs = rollout(
+        tasks,
+        backend,
+        make_env(cfg, paths, tok),
+        cfg.rollout,
+        policy=args.memory,
+        greedy=args.greedy,
+        generator=torch.Generator().manual_seed(args.seed),
+        progress=True,
+    )
+    write_trajectories(trajs, args.out)
+    print(json.dumps({"out": args.out, **summarize(trajs, time.perf_counter() - t0)}))
+    return 0

@@ -1,0 +1,54 @@
+"""The `mem1` command line: one entry point for every stage.
+
+Each stage module exposes `register(subparsers)`, which adds its subcommand(s) and sets
+`func` on the parser; `main` dispatches. Stage modules import heavy libraries lazily, so
+`mem1 --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Modules that contribute subcommands, in the order they appear in --help.
+COMMAND_MODULES = [
+    "mem1_core.cli.commands.data",
+    "mem1_core.cli.commands.retrieval",
+    "mem1_core.cli.commands.rollout",
+    "mem1_core.cli.commands.train",
+    "mem1_core.cli.commands.evaluate",
+    "mem1_core.cli.commands.bench",
+]
+
+
+class UserError(Exception):
+    """Bad input from the user: printed as `error: …` with exit code 2, no traceback."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mem1", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:  # stage not built yet
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        rc = args.func(args)
+    except (UserError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

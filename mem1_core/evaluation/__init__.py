@@ -1,0 +1,1 @@
+"""Evaluation: answer scoring, running and summarising evaluations, objective scaling."""

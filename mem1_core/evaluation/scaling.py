@@ -1,0 +1,182 @@
+"""Objective-scaling evaluation (MEM1 §5): evaluate agents on test tasks with N objectives
+for each N, under a memory policy, greedy, with a turn budget that grows with N; every
+trajectory to Parquet, the metrics table to Parquet and CSV, and the plots a reader wants
+(peak tokens vs N per agent, EM vs N per agent, training reward curves)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: plots are files
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from mem1_core.evaluation.evaluate import run_eval, summarize  # noqa: E402
+from mem1_core.rollout.loop import Task  # noqa: E402
+from mem1_core.runs import atomic  # noqa: E402
+from mem1_core.trajectory.record import write_trajectories  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Agent:
+    """One row family of the table: a model (or the teacher) under a memory policy."""
+
+    name: str
+    policy: str
+    model: object | None  # a causal LM; None with `backend` (the scripted teacher)
+    backend: object | None = None
+
+
+def evaluate_scaling(
+    agents: list[Agent],
+    tokenizer,
+    env,
+    tasks_by_n: dict[int, list[Task]],
+    rollout_cfg,
+    out_dir: str | Path,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Every agent on every N; writes trajectories/<agent>_n<N>.parquet and metrics.{parquet,csv}."""
+    out = Path(out_dir)
+    rows = []
+    for agent in agents:
+        for n, tasks in sorted(tasks_by_n.items()):
+            if not tasks:
+                continue
+            trajs, seconds = run_eval(
+                agent.model,
+                tokenizer,
+                env,
+                tasks,
+                rollout_cfg,
+                policy=agent.policy,
+                backend=agent.backend,
+                progress=progress,
+            )
+            write_trajectories(trajs, out / "trajectories" / f"{agent.name}_n{n}.parquet")
+            rows.append(
+                {
+                    "agent": agent.name,
+                    "policy": agent.policy,
+                    "n_objectives": n,
+                    **summarize(trajs, seconds),
+                }
+            )
+    table = pd.DataFrame(rows)
+    write_table(table, out / "metrics")
+    return table
+
+
+def write_table(table: pd.DataFrame, stem: Path) -> None:
+    import pyarrow as pa
+
+    atomic.write_parquet(
+        pa.Table.from_pandas(table, preserve_index=False), stem.with_suffix(".parquet")
+    )
+    atomic.write_text(table.to_csv(index=False), stem.with_suffix(".csv"))
+
+
+def _save(fig, path: Path) -> Path:
+    with atomic.atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def plot_metric_vs_n(
+    table: pd.DataFrame, metric: str, ylabel: str, title: str, path: Path, logy: bool = False
+) -> Path:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for agent, g in table.groupby("agent", sort=False):
+        g = g.sort_values("n_objectives")
+        ax.plot(g["n_objectives"], g[metric], marker="o", label=agent)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(table["n_objectives"].unique()))
+    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel("objectives per task (N)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
+
+
+def plot_curves(
+    curves: dict[str, list[dict]], x: str, y: str, ylabel: str, title: str, path: Path
+) -> Path:
+    """Training curves (e.g. reward per iteration) of several runs on one plot."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, rows in curves.items():
+        pts = [(r[x], r[y]) for r in rows if r.get(y) is not None and r.get(x) is not None]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), marker=".", label=name)
+    ax.set_xlabel(x)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
+
+
+def scaling_plots(table: pd.DataFrame, out_dir: Path) -> dict[str, Path]:
+    return {
+        "peak_tokens": plot_metric_vs_n(
+            table,
+            "peak_tokens",
+            "peak tokens (mean per task)",
+            "Peak tokens vs objectives",
+            out_dir / "peak_tokens.png",
+        ),
+        "em": plot_metric_vs_n(
+            table,
+            "em_sum",
+            "EM (sum over objectives)",
+            "Exact match vs objectives",
+            out_dir / "em.png",
+        ),
+    }
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    p = Path(path)
+    if not p.exists():
+        return []
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+
+def headline(table: pd.DataFrame) -> list[dict]:
+    """EM and peak tokens per N and agent, plus the two ratios the issue asks for."""
+    rows = [
+        {
+            "agent": r.agent,
+            "N": int(r.n_objectives),
+            "em_sum": round(r.em_sum, 3),
+            "em_frac": round(r.em_frac, 3),
+            "peak_tokens": round(r.peak_tokens, 1),
+        }
+        for r in table.itertuples()
+    ]
+    return rows
+
+
+def ratios(table: pd.DataFrame, mem1: str, full: str) -> dict[str, float | None]:
+    """MEM1 / full-context peak tokens at the largest N, and MEM1's largest-N / N=1 peak."""
+    t = table.set_index(["agent", "n_objectives"])["peak_tokens"]
+    ns = sorted(table["n_objectives"].unique())
+    big, small = ns[-1], ns[0]
+    out: dict[str, float | None] = {"n_max": int(big)}
+    try:
+        out["mem1_over_full_peak_at_nmax"] = float(t[(mem1, big)] / t[(full, big)])
+    except KeyError:
+        out["mem1_over_full_peak_at_nmax"] = None
+    try:
+        out["mem1_peak_nmax_over_n1"] = float(t[(mem1, big)] / t[(mem1, small)])
+    except KeyError:
+        out["mem1_peak_nmax_over_n1"] = None
+    return out

@@ -1,0 +1,54 @@
+"""The evaluation stage of a run: load saved policies, run the objective-scaling evaluation,
+write the table and plots, and compute the headline ratios."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mem1_core.evaluation.scaling import Agent, evaluate_scaling, headline, ratios, scaling_plots
+from mem1_core.models.model import load_model
+from mem1_core.rollout.teacher import ScriptedTeacher
+from mem1_core.runs import atomic
+from mem1_core.runs.assets import RunPaths, ensure_tokenizer, load_tasks, make_env, prepare
+
+
+def run_objective_scaling(
+    cfg,
+    run_dir: str | Path,
+    out_dir: str | Path,
+    agents: list[tuple[str, str, str]],
+    *,
+    teacher: bool = True,
+    objectives: tuple[int, ...] | None = None,
+    progress: bool = True,
+) -> dict:
+    """agents: (name, policy_dir, memory policy). Returns table rows, ratios, plot paths."""
+    paths: RunPaths = prepare(cfg, run_dir)
+    tok = ensure_tokenizer(cfg, paths)
+    env = make_env(cfg, paths, tok)
+    ns = objectives or cfg.data.eval_objectives
+    tasks_by_n = {n: load_tasks(cfg, paths, "test", n)[: cfg.data.max_eval_tasks] for n in ns}
+    built = [Agent(name, memory, load_model(path, cfg.model, tok)) for name, path, memory in agents]
+    if teacher:
+        every = [t for ts in tasks_by_n.values() for t in ts]
+        # the teacher as a reference row under both memories: its peak tokens show what each
+        # memory costs when the play is perfect
+        built.append(Agent("teacher", "mem1", None, ScriptedTeacher(tok, every)))
+        built.append(Agent("teacher-full", "full", None, ScriptedTeacher(tok, every)))
+    out = Path(out_dir)
+    table = evaluate_scaling(built, tok, env, tasks_by_n, cfg.rollout, out, progress=progress)
+    plots = scaling_plots(table, out)
+    names = {a.name: a.policy for a in built}
+    mem1 = next((n for n in names if n.startswith("mem1")), None)
+    full = next((n for n, p in names.items() if p == "full"), None)
+    rat = ratios(table, mem1, full) if mem1 and full else {}
+    if teacher:
+        rat |= {f"teacher_{k}": v for k, v in ratios(table, "teacher", "teacher-full").items()}
+    result = {
+        "headline": headline(table),
+        "ratios": rat,
+        "plots": {k: str(v) for k, v in plots.items()},
+        "table": str(out / "metrics.csv"),
+    }
+    atomic.write_json(result, out / "summary.json")
+    return result

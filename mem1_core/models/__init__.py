@@ -1,0 +1,1 @@
+"""The policy network and its tokenizer: building, loading and saving them."""

@@ -1,0 +1,119 @@
+"""Policy models: the `tiny` Qwen2-architecture LM built from config, or any hub causal LM.
+
+Weights are saved and loaded with `save_pretrained` / `from_pretrained` in safetensors only.
+`from_config` mutates the config's attention setting, so configs are deep-copied first.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
+
+from mem1_core.config import ModelConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def tiny_qwen2_config(cfg: ModelConfig, vocab_size: int, pad_id: int, eos_id: int) -> Qwen2Config:
+    return Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        intermediate_size=cfg.intermediate_size,
+        max_position_embeddings=cfg.max_positions,
+        tie_word_embeddings=True,
+        pad_token_id=pad_id,
+        eos_token_id=eos_id,
+        bos_token_id=None,
+        rope_theta=10000.0,
+    )
+
+
+def build_tiny_model(cfg: ModelConfig, tokenizer) -> PreTrainedModel:
+    """A freshly initialised Qwen2 model sized by `cfg`, its vocabulary the tokenizer's."""
+    torch.manual_seed(cfg.seed)
+    qcfg = tiny_qwen2_config(cfg, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    model = Qwen2ForCausalLM._from_config(
+        copy.deepcopy(qcfg), attn_implementation=cfg.attn, dtype=DTYPES[cfg.dtype]
+    )
+    return model.eval()
+
+
+def load_model(name_or_path: str | Path, cfg: ModelConfig, tokenizer=None) -> PreTrainedModel:
+    """A saved tiny model or any hub causal LM; embeddings grow to fit added tag tokens."""
+    model = AutoModelForCausalLM.from_pretrained(
+        str(name_or_path),
+        dtype=DTYPES[cfg.dtype],
+        attn_implementation=cfg.attn,
+        use_safetensors=True,
+    )
+    if tokenizer is not None and model.get_input_embeddings().num_embeddings < len(tokenizer):
+        model.resize_token_embeddings(len(tokenizer))
+    return model.eval()
+
+
+def save_model(model: PreTrainedModel, tokenizer, out_dir: str | Path) -> Path:
+    """save_pretrained for model and tokenizer (safetensors), atomically."""
+    from mem1_core.runs.atomic import atomic_dir
+
+    with atomic_dir(out_dir) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+    return Path(out_dir)
+
+
+def master_weights(model: torch.nn.Module, dtype: str):
+    """Train a low-precision model on float32 master weights: casts `model`'s parameters to
+    float32 in place and returns the autocast context that computes in `dtype` on the
+    model's device (a null context for float32).
+
+    Why: an AdamW step is about lr in size; at the paper's actor lr of 1e-6 that is far
+    below half of bf16's rounding step for a weight of typical size (2^-8 relative), so
+    bf16 parameters updated in place mostly do not change at all."""
+    import contextlib
+
+    if DTYPES[dtype] == torch.float32:
+        return contextlib.nullcontext()
+    model.float()
+    device = next(model.parameters()).device
+    return torch.autocast(device_type=device.type, dtype=DTYPES[dtype])
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> torch.nn.Module:
+    """Hugging Face activation checkpointing (non-reentrant) on every decoder layer of a
+    causal LM or a bare transformer (a critic's backbone), in place; returns the model.
+
+    Hugging Face checkpoints a layer only while that layer is in training mode, but the
+    learner keeps its models in eval mode (mem1_core.rl.ppo: the PPO ratio must compare the
+    function that sampled). So only the decoder layer modules themselves are flagged as
+    training, not their children: attention dropout (and any other) stays off, the layers
+    compute exactly what they compute in eval mode, and they are recomputed in backward.
+    Checkpointing engages only with gradients on, so no-grad passes (scoring, generation)
+    run as before, KV cache included. A later `model.eval()` turns it off again."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    for module in model.modules():
+        if isinstance(module, GradientCheckpointingLayer):
+            module.training = True  # this module only: nn.Module.train() would recurse
+    return model
+
+
+def is_checkpointing(model: torch.nn.Module) -> bool:
+    """True if `enable_gradient_checkpointing` is in effect on some layer of `model`."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return any(
+        isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing and m.training
+        for m in model.modules()
+    )
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,1 @@
+"""The RL math: advantage estimators, losses, the critic and the PPO update."""

@@ -1,0 +1,104 @@
+"""The QA environment: reads a generated turn's ids, answers a `<query>` with an `<info>`
+block from the retriever, and scores an `<answer>`.
+
+Model output is untrusted. One rule decides each turn, in this order:
+1. `length`: the turn hit its token budget without closing an action -> invalid.
+2. The turn must be `<IS> … </IS>` followed by exactly one action, `<query> … </query>` or
+   `<answer> … </answer>`, each tag once and in that order (text before `<IS>` is ignored).
+   No tags, an unclosed tag, both actions, a repeated tag, or tags out of order -> invalid.
+3. An empty query -> invalid. (An empty answer is a valid answer that scores 0.)
+An invalid turn gets an `<info>` that says the format was invalid (plus the turns-left hint)
+and counts as a format error. On the last turn only an answer ends the episode with a
+reward; anything else ends it with reward 0 (the budget is exhausted). Nothing raises.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mem1_core.data.prompts import (
+    ANSWER_CLOSE,
+    ANSWER_OPEN,
+    INFO_CLOSE,
+    INFO_OPEN,
+    IS_CLOSE,
+    IS_OPEN,
+    QUERY_CLOSE,
+    QUERY_OPEN,
+    turns_left_hint,
+)
+from mem1_core.evaluation.metrics import score_answer
+from mem1_core.models.tokenizer import tag_ids
+from mem1_core.retrieval import Hit, Retriever
+from mem1_core.trajectory.record import Action
+
+FORMAT_HINT = (
+    f"[FORMAT] Invalid turn. Write {IS_OPEN} state {IS_CLOSE} then either "
+    f"{QUERY_OPEN} search {QUERY_CLOSE} or {ANSWER_OPEN} answers {ANSWER_CLOSE}."
+)
+
+
+@dataclass(frozen=True)
+class Parsed:
+    action: Action
+    text: str | None = None  # the query or the answer
+    error: str | None = None  # why the turn is invalid
+
+
+def format_passages(hits: list[Hit]) -> str:
+    if not hits:
+        return "No results."
+    return "\n".join(f"Doc {i} (Title: {h.title}) {h.text}" for i, h in enumerate(hits, 1))
+
+
+class QAEnvironment:
+    def __init__(self, tokenizer, retriever: Retriever, topk: int):
+        self.tok = tokenizer
+        self.retriever = retriever
+        self.topk = topk
+        self.tags = tag_ids(tokenizer)
+        self.stop_ids = (self.tags[QUERY_CLOSE], self.tags[ANSWER_CLOSE])
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=True).strip()
+
+    def parse(self, ids: list[int], finish: str) -> Parsed:
+        if finish == "length":
+            return Parsed(Action.INVALID, error="token budget exhausted")
+        t = self.tags
+        counts = {name: ids.count(t[name]) for name in t}
+        if counts[IS_OPEN] != 1 or counts[IS_CLOSE] != 1:
+            return Parsed(Action.INVALID, error="needs exactly one <IS> … </IS>")
+        q, a = counts[QUERY_OPEN] + counts[QUERY_CLOSE], counts[ANSWER_OPEN] + counts[ANSWER_CLOSE]
+        if q and a:
+            return Parsed(Action.INVALID, error="both a query and an answer")
+        if not q and not a:
+            return Parsed(Action.INVALID, error="no action")
+        opener, closer, action = (
+            (QUERY_OPEN, QUERY_CLOSE, Action.QUERY)
+            if q
+            else (ANSWER_OPEN, ANSWER_CLOSE, Action.ANSWER)
+        )
+        if counts[opener] != 1 or counts[closer] != 1:
+            return Parsed(Action.INVALID, error=f"needs exactly one {opener} … {closer}")
+        i_open, i_close = ids.index(t[IS_OPEN]), ids.index(t[IS_CLOSE])
+        a_open, a_close = ids.index(t[opener]), ids.index(t[closer])
+        if not (i_open < i_close < a_open < a_close) or a_close != len(ids) - 1:
+            return Parsed(Action.INVALID, error="tags out of order")
+        text = self.decode(ids[a_open + 1 : a_close])
+        if action is Action.QUERY and not text:
+            return Parsed(Action.INVALID, error="empty query")
+        return Parsed(action, text=text)
+
+    def info_block(self, body: str, turns_left: int) -> str:
+        return f"{INFO_OPEN}{body}\n{turns_left_hint(turns_left)}{INFO_CLOSE}"
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False)
+
+    def search(self, queries: list[str]) -> list[list[Hit]]:
+        return self.retriever.search(queries, self.topk) if queries else []
+
+    @staticmethod
+    def score(answer: str | None, golden: list[list[str]]) -> tuple[list[float], list[float]]:
+        return score_answer(answer, golden)

@@ -1,0 +1,166 @@
+"""The multi-turn rollout: a batch of tasks, a generation backend, the QA environment and a
+memory policy -> trajectories.
+
+Each turn, every live trajectory's context is rebuilt from id segments by the memory policy
+(never from decoded text, DESIGN.md §4.1), all live contexts are generated together, every
+query of the turn goes to the retriever in one batched call, and each trajectory records
+its context references, generated ids and log-probs, info ids and timing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import pyarrow as pa
+import torch
+from tqdm.auto import tqdm
+
+from mem1_core.config import RolloutConfig
+from mem1_core.data.prompts import IS_OPEN
+from mem1_core.rollout.env import FORMAT_HINT, QAEnvironment, format_passages
+from mem1_core.rollout.generation import GenerationBackend, SamplingParams
+from mem1_core.rollout.memory import get_policy
+from mem1_core.trajectory.record import Action, Trajectory, Turn
+
+
+@dataclass(frozen=True)
+class Task:
+    task_id: str
+    prompt: str
+    questions: list[str]
+    golden_answers: list[list[str]]
+    plans: list[str]
+
+    @property
+    def n_objectives(self) -> int:
+        return len(self.questions)
+
+
+def tasks_from_table(table: pa.Table) -> list[Task]:
+    return [
+        Task(r["task_id"], r["prompt"], r["questions"], r["golden_answers"], r.get("plans") or [])
+        for r in table.to_pylist()
+    ]
+
+
+def rollout(
+    tasks: list[Task],
+    backend: GenerationBackend,
+    env: QAEnvironment,
+    cfg: RolloutConfig,
+    *,
+    policy: str | None = None,
+    greedy: bool = False,
+    samples_per_task: int = 1,
+    generator: torch.Generator | None = None,
+    progress: bool = False,
+) -> list[Trajectory]:
+    """Run every task to the end (an answer, or the turn budget) and return trajectories,
+    `samples_per_task` per task (a GRPO group), in task order."""
+    policy = policy or cfg.policy
+    context_of = get_policy(policy)
+    opts = {"is_open_id": env.tags[IS_OPEN], "truncate_turns": cfg.truncate_turns}
+    trajs: list[Trajectory] = []
+    for g, task in enumerate(tasks):
+        prompt_ids = env.encode(task.prompt)
+        for s in range(samples_per_task):
+            trajs.append(
+                Trajectory(
+                    task.task_id,
+                    policy,
+                    list(prompt_ids),
+                    task.golden_answers,
+                    group=g,
+                    sample=s,
+                    max_turns=cfg.max_turns(task.n_objectives),
+                )
+            )
+    temperature = 0.0 if greedy else cfg.temperature
+    bar = tqdm(
+        total=len(trajs), desc=f"rollout[{policy}]", unit="traj", disable=not progress, leave=False
+    )
+    live = list(range(len(trajs)))
+    while live:
+        # One generate call per token budget (tasks of one N share it).
+        by_budget: dict[int, list[int]] = {}
+        for i in live:
+            by_budget.setdefault(cfg.max_new_tokens(trajs[i].n_objectives), []).append(i)
+        new_turns: dict[int, Turn] = {}
+        for budget, idx in by_budget.items():
+            refs = [context_of(trajs[i], opts) for i in idx]
+            contexts = [
+                [t for r in rs for t in trajs[i].segment_ids(r)]
+                for i, rs in zip(idx, refs, strict=True)
+            ]
+            params = SamplingParams(budget, env.stop_ids, temperature, cfg.top_p)
+            t0 = time.perf_counter()
+            if getattr(backend, "reads_trajectories", False):  # the scripted teacher
+                gens = backend.generate(
+                    contexts, params, generator, trajectories=[trajs[i] for i in idx]
+                )
+            else:
+                gens = backend.generate(contexts, params, generator)
+            per = (time.perf_counter() - t0) / len(idx)
+            for i, rs, ctx, gen in zip(idx, refs, contexts, gens, strict=True):
+                new_turns[i] = Turn(
+                    rs,
+                    gen.ids,
+                    gen.logprobs,
+                    Action.INVALID,
+                    finish=gen.finish,
+                    context_tokens=len(ctx),
+                    gen_seconds=per,
+                )
+        _env_step(env, cfg, trajs, live, new_turns)
+        still = [i for i in live if not trajs[i].done]
+        bar.update(len(live) - len(still))
+        live = still
+    bar.close()
+    return trajs
+
+
+def _env_step(
+    env: QAEnvironment,
+    cfg: RolloutConfig,
+    trajs: list[Trajectory],
+    live: list[int],
+    new_turns: dict[int, Turn],
+) -> None:
+    t0 = time.perf_counter()
+    queries: list[tuple[int, str]] = []
+    for i in live:
+        tr, turn = trajs[i], new_turns[i]
+        tr.turns.append(turn)
+        parsed = env.parse(turn.gen_ids, turn.finish)
+        turn.action, turn.gen_text = parsed.action, env.tok.decode(turn.gen_ids)
+        turn.format_error = parsed.error
+        last = len(tr.turns) >= tr.max_turns
+        if parsed.action is Action.ANSWER:
+            tr.answer = parsed.text
+            tr.em, tr.f1 = env.score(parsed.text, tr.golden_answers)
+            tr.done = True
+        elif last:  # the budget is exhausted without an answer: reward 0
+            tr.em, tr.f1 = env.score(None, tr.golden_answers)
+            tr.done = True
+        elif parsed.action is Action.QUERY:
+            turn.query = parsed.text
+            queries.append((i, parsed.text))
+        else:
+            _set_info(env, cfg, tr, turn, FORMAT_HINT)
+    results = env.search([q for _, q in queries])
+    for (i, _), hits in zip(queries, results, strict=True):
+        _set_info(env, cfg, trajs[i], new_turns[i], format_passages(hits))
+    per = (time.perf_counter() - t0) / max(len(live), 1)
+    for i in live:
+        new_turns[i].env_seconds = per
+        tr = trajs[i]
+        tr.wall_seconds += new_turns[i].gen_seconds + per
+
+
+def _set_info(
+    env: QAEnvironment, cfg: RolloutConfig, tr: Trajectory, turn: Turn, body: str
+) -> None:
+    turns_left = tr.max_turns - len(tr.turns)
+    turn.info_text = env.info_block(body, turns_left)
+    turn.info_ids = env.encode(turn.info_text)

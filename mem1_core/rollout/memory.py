@@ -1,0 +1,63 @@
+"""Memory policies: given a trajectory so far, the next turn's context as segments.
+
+One signature, three policies over the same rollout, trainer and evaluation (DESIGN.md §4.4):
+- `mem1`: the task prompt + the last turn's `<IS>…</IS><query>…</query>` + its `<info>`.
+  Everything older is pruned; the internal state is the agent's only memory (MEM1 §3).
+- `full`: the prompt and every earlier turn and info block (the ReAct / Search-R1 baseline).
+- `truncate`: the prompt + the last k turns with their info blocks.
+
+MEM1 carries an exact slice of the last turn's generated ids, from its `<IS>` tag to the end
+of the turn (anything the model wrote before `<IS>` is dropped). A turn that has no `<IS>` is
+carried whole, so the model sees its own malformed output next to the format hint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mem1_core.trajectory.record import SegmentKind, SegmentRef, Trajectory
+
+MemoryPolicy = Callable[[Trajectory, dict], list[SegmentRef]]
+
+
+def _turn_refs(t: int) -> list[SegmentRef]:
+    return [SegmentRef(SegmentKind.GEN, t), SegmentRef(SegmentKind.INFO, t)]
+
+
+def mem1_context(traj: Trajectory, opts: dict) -> list[SegmentRef]:
+    ctx = [SegmentRef(SegmentKind.PROMPT)]
+    if not traj.turns:
+        return ctx
+    t = len(traj.turns) - 1
+    gen = traj.turns[t].gen_ids
+    is_open = opts["is_open_id"]
+    start = gen.index(is_open) if is_open in gen else 0
+    return ctx + [SegmentRef(SegmentKind.GEN, t, start, None), SegmentRef(SegmentKind.INFO, t)]
+
+
+def full_context(traj: Trajectory, opts: dict) -> list[SegmentRef]:
+    ctx = [SegmentRef(SegmentKind.PROMPT)]
+    for t in range(len(traj.turns)):
+        ctx += _turn_refs(t)
+    return ctx
+
+
+def truncate_context(traj: Trajectory, opts: dict) -> list[SegmentRef]:
+    k = opts["truncate_turns"]
+    ctx = [SegmentRef(SegmentKind.PROMPT)]
+    for t in range(max(0, len(traj.turns) - k), len(traj.turns)):
+        ctx += _turn_refs(t)
+    return ctx
+
+
+MEMORY_POLICIES: dict[str, MemoryPolicy] = {
+    "mem1": mem1_context,
+    "full": full_context,
+    "truncate": truncate_context,
+}
+
+
+def get_policy(name: str) -> MemoryPolicy:
+    if name not in MEMORY_POLICIES:
+        raise ValueError(f"unknown memory policy {name!r}; choose one of {sorted(MEMORY_POLICIES)}")
+    return MEMORY_POLICIES[name]

@@ -1,0 +1,1 @@
+"""The run directory: its layout and assets, checkpoints, atomic writes."""

@@ -1,0 +1,220 @@
+"""What every stage of a run needs, built once per run directory and reused: the world (or
+questions), the composed tasks, the tokenizer, the retrieval index, the policy model.
+
+Layout of a run directory:
+  world/            corpus.parquet, questions.parquet (the embedded profile)
+  tasks/            {train,test}_n{N}.parquet
+  tokenizer/        the tiny tokenizer (save_pretrained)
+  indexes/          retrieval indexes, one per corpus fingerprint and kind
+  checkpoints/      training checkpoints (mem1_core.runs.checkpoint)
+  teacher_worlds/   extra worlds of fresh names for the teacher's SFT data (sft.teacher_worlds),
+                    each laid out like a run directory (world/, tasks/, indexes/)
+Each piece is built only if missing, so stages can run (and re-run) independently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from mem1_core.config import Config
+from mem1_core.data.compose import compose, write_tasks
+from mem1_core.data.prompts import task_prompt
+from mem1_core.data.qa_data import Loaded, load_hotpotqa, load_nq, world_questions
+from mem1_core.data.world import generate_world, write_world
+from mem1_core.models.model import build_tiny_model, load_model
+from mem1_core.models.tokenizer import load_tokenizer, train_tiny_tokenizer
+from mem1_core.retrieval import Retriever, load_index
+from mem1_core.rollout.env import QAEnvironment
+from mem1_core.rollout.loop import Task, tasks_from_table
+
+
+@dataclass
+class RunPaths:
+    root: Path
+
+    @property
+    def world(self) -> Path:
+        return self.root / "world"
+
+    @property
+    def tasks(self) -> Path:
+        return self.root / "tasks"
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.root / "tokenizer"
+
+    @property
+    def indexes(self) -> Path:
+        return self.root / "indexes"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    def task_file(self, split: str, n: int) -> Path:
+        return self.tasks / f"{split}_n{n}.parquet"
+
+
+def ensure_world(cfg: Config, paths: RunPaths) -> Path:
+    if not (paths.world / "questions.parquet").exists():
+        write_world(generate_world(cfg.world), paths.world)
+    return paths.world
+
+
+def corpus_path(cfg: Config, paths: RunPaths) -> Path:
+    if cfg.data.source == "world":
+        return ensure_world(cfg, paths) / "corpus.parquet"
+    if cfg.retrieval.corpus is None:
+        raise ValueError("retrieval.corpus must name a corpus file for non-world sources")
+    return Path(cfg.retrieval.corpus)
+
+
+def ensure_tasks(cfg: Config, paths: RunPaths, split: str, n: int) -> Path:
+    """The composed N-objective tasks of `split` (world: train/test by entity)."""
+    out = paths.task_file(split, n)
+    if out.exists():
+        return out
+    if cfg.data.source == "world":
+        questions = world_questions(pq.read_table(ensure_world(cfg, paths) / "questions.parquet"))
+        use_split = split
+    else:
+        import pyarrow as pa
+
+        tables = []
+        if "hotpotqa" in cfg.data.source:
+            tables.append(
+                load_hotpotqa(
+                    cfg.data.hotpotqa,
+                    cfg.data.hotpotqa_config,
+                    "train" if split == "train" else "validation",
+                ).table
+            )
+        if "nq" in cfg.data.source:
+            tables.append(load_nq(cfg.data.nq, "train" if split == "train" else "validation").table)
+        questions = Loaded(pa.concat_tables(tables))
+        use_split = None
+    cap = cfg.data.max_train_tasks if split == "train" else cfg.data.max_eval_tasks
+    table, _ = compose(
+        questions.table,
+        n,
+        cfg.data.mode,
+        cfg.data.seed,
+        use_split,
+        shuffle=split == "train",
+        max_tasks=cap,
+    )
+    write_tasks(table, out)
+    return out
+
+
+def load_tasks(cfg: Config, paths: RunPaths, split: str, n: int) -> list[Task]:
+    return tasks_from_table(pq.read_table(ensure_tasks(cfg, paths, split, n)))
+
+
+def ensure_tokenizer(cfg: Config, paths: RunPaths):
+    """The tiny tokenizer trained on the world corpus and task prompts, or a hub tokenizer."""
+    if cfg.model.name_or_path is not None:
+        return load_tokenizer(cfg.model.name_or_path)
+    if not (paths.tokenizer / "tokenizer.json").exists():
+        world = ensure_world(cfg, paths)
+        corpus = pq.read_table(world / "corpus.parquet")["contents"].to_pylist()
+        questions = pq.read_table(world / "questions.parquet")["question"].to_pylist()
+        prompts = [task_prompt(questions[i : i + 2]) for i in range(0, len(questions), 2)]
+        tok = train_tiny_tokenizer(corpus + prompts, cfg.model.tokenizer_vocab)
+        from mem1_core.runs.atomic import atomic_dir
+
+        with atomic_dir(paths.tokenizer) as tmp:
+            tok.save_pretrained(tmp)
+    return load_tokenizer(paths.tokenizer)
+
+
+def adopt_init_tokenizer(cfg: Config, paths: RunPaths, init: Path | None) -> None:
+    """A trained policy brings its tokenizer: a run that starts from it must tokenise with
+    the same one. The run's tokenizer is copied from `init` if it has none yet; a different
+    one is an error (a model read through another tokenizer's ids is silently garbage: the
+    tiny tokenizer is retrained per run directory, and its training data can change between
+    versions)."""
+    if init is None or cfg.model.name_or_path is not None or not (init / "tokenizer.json").exists():
+        return
+    theirs = load_tokenizer(init)
+    if (paths.tokenizer / "tokenizer.json").exists():
+        if load_tokenizer(paths.tokenizer).get_vocab() != theirs.get_vocab():
+            raise ValueError(
+                f"{init} was trained with another tokenizer than {paths.tokenizer}: start from "
+                "a policy of this run, or use a fresh run directory (it adopts the policy's)"
+            )
+        return
+    from mem1_core.runs.atomic import atomic_dir
+
+    with atomic_dir(paths.tokenizer) as tmp:
+        theirs.save_pretrained(tmp)
+
+
+def index_options(cfg: Config) -> dict:
+    """The index options a retrieval config implies (the encoder of a dense index)."""
+    return {"model": cfg.retrieval.encoder} if cfg.retrieval.kind == "dense" else {}
+
+
+def ensure_index(cfg: Config, paths: RunPaths) -> Path:
+    """The run's index under `indexes/`, reused while the corpus fingerprint is unchanged."""
+    from mem1_core.retrieval import ensure_index as ensure
+
+    index_dir, _built = ensure(
+        corpus_path(cfg, paths),
+        cfg.retrieval.kind,
+        paths.indexes,
+        show_progress=False,
+        **index_options(cfg),
+    )
+    return index_dir
+
+
+def make_retriever(cfg: Config, paths: RunPaths) -> Retriever:
+    if cfg.retrieval.url:
+        from mem1_core.retrieval import HttpRetriever
+
+        return HttpRetriever(cfg.retrieval.url)
+    return load_index(ensure_index(cfg, paths))
+
+
+def make_env(cfg: Config, paths: RunPaths, tokenizer, retriever: Retriever | None = None):
+    return QAEnvironment(tokenizer, retriever or make_retriever(cfg, paths), cfg.retrieval.topk)
+
+
+def initial_policy(cfg: Config, tokenizer):
+    """The untrained starting point: the tiny model from config, or the hub model."""
+    if cfg.model.name_or_path is None:
+        return build_tiny_model(cfg.model, tokenizer)
+    return load_model(cfg.model.name_or_path, cfg.model, tokenizer)
+
+
+def teacher_world(cfg: Config, paths: RunPaths, k: int) -> tuple[Config, RunPaths]:
+    """The k-th extra world for teacher data: the same sizes and phrasing as the run's world,
+    fresh names and facts (seed 10000 + 1000 * world.seed + k), under `teacher_worlds/`.
+
+    Why: from one world the tiny model memorises its training entities instead of learning
+    to copy names from the prompt and from <info> (measured: EM 0.48 on training entities vs
+    0.15 on held-out ones for single-hop questions). Names that never come back make copying
+    the only way to lower the loss. Only their train split is used, and none of them is the
+    evaluation world, so held-out entities stay unseen."""
+    seed = 10_000 + 1_000 * cfg.world.seed + k
+    sub = replace(cfg, world=replace(cfg.world, seed=seed))
+    return sub, RunPaths(paths.root / "teacher_worlds" / f"seed{seed}")
+
+
+def prepare(cfg: Config, root: str | Path) -> RunPaths:
+    """Build everything a run needs that is still missing; returns the paths."""
+    paths = RunPaths(Path(root).resolve())
+    paths.root.mkdir(parents=True, exist_ok=True)
+    ensure_tasks(cfg, paths, "train", cfg.data.train_objectives)
+    for n in cfg.sft.warm_start_objectives:
+        ensure_tasks(cfg, paths, "train", n)
+    for n in cfg.data.eval_objectives:
+        ensure_tasks(cfg, paths, "test", n)
+    ensure_tokenizer(cfg, paths)
+    ensure_index(cfg, paths)
+    return paths

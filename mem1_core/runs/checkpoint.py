@@ -1,0 +1,209 @@
+"""Training checkpoints, written atomically (DESIGN §4.7).
+
+A checkpoint is a directory `<root>/iter_{K:06d}` holding the state after K completed
+iterations (0..K-1); a resumed run continues with iteration K:
+
+    policy/          save_pretrained (safetensors) + the tokenizer, loadable on its own
+    critic/          the critic (mem1_core.rl.critic), if the run has one
+    optimizer.pt     torch.save of every optimiser's state_dict (an FSDP learner's: the
+                     full one, keyed by parameter name; mem1_core.training.fsdp_learner)
+    rng.pt           torch (CPU and CUDA), Python and NumPy RNG states
+    config.json      the run's Config
+    state.json       iteration counter, elapsed time, counters the loop carries on
+
+It is written into a temporary sibling directory and renamed into place (`io.atomic_dir`),
+so a checkpoint that exists is complete, whatever moment a SIGKILL chose. Only the newest
+`keep` are kept. Everything is read back with `torch.load(weights_only=True)`: RNG states
+are stored as tensors and plain Python values, not as pickled NumPy objects.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from mem1_core.rl.critic import VALUE_HEAD_FILE, Critic
+from mem1_core.runs.atomic import atomic_dir, write_json
+
+PREFIX = "iter_"
+_NAME = re.compile(rf"^{PREFIX}(\d+)$")
+STATE_FILE = "state.json"
+
+
+@dataclass(frozen=True)
+class TrainState:
+    """What the training loop carries across a restart, besides weights and optimisers."""
+
+    iteration: int
+    """Completed iterations; the next one to run."""
+    elapsed_seconds: float = 0.0
+    """Training wall time so far, summed over restarts (for the `ppo.minutes` budget)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """JSON-able counters and identifiers (non-finite counts, estimator, init, W&B id)."""
+
+
+def checkpoint_name(iteration: int) -> str:
+    return f"{PREFIX}{iteration:06d}"
+
+
+def list_checkpoints(root: str | Path) -> list[Path]:
+    """Complete checkpoints under `root`, oldest first (staging directories start with `.`)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if _NAME.match(p.name) and (p / STATE_FILE).is_file()]
+    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    found = list_checkpoints(root)
+    return found[-1] if found else None
+
+
+def remove_partial(root: str | Path) -> list[Path]:
+    """Delete staging leftovers of an interrupted save (`.iter_*.tmp`, `.iter_*.old`)."""
+    root = Path(root)
+    removed = []
+    if root.is_dir():
+        for p in root.iterdir():
+            if p.name.startswith(f".{PREFIX}") and p.name.endswith((".tmp", ".old")):
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink()
+                removed.append(p)
+    return removed
+
+
+# ---- RNG -------------------------------------------------------------------------------------
+
+
+def rng_state() -> dict[str, Any]:
+    """Every global RNG a training process draws from, in torch.load(weights_only)-safe form."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---- save / load -----------------------------------------------------------------------------
+
+
+def save_checkpoint(
+    root: str | Path,
+    state: TrainState,
+    *,
+    policy: nn.Module,
+    optimizers: dict[str, torch.optim.Optimizer | dict[str, Any]],
+    config: Any,
+    critic: Critic | None = None,
+    tokenizer: Any = None,
+    keep: int = 3,
+    policy_state: dict[str, torch.Tensor] | None = None,
+    critic_state: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """Write `<root>/iter_{state.iteration:06d}` atomically, then drop all but the newest
+    `keep` checkpoints. `config` is a dataclass (the run's Config) or a JSON-able dict.
+
+    A sharded learner (mem1_core.training.fsdp_learner) holds no whole model: it passes the full
+    state dicts it gathered as `policy_state` / `critic_state` (written in the files the
+    modules would write, so every reader is the same) and, in `optimizers`, a gathered
+    optimiser state dict in place of an optimiser."""
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    root = Path(root)
+    out = root / checkpoint_name(state.iteration)
+    with atomic_dir(out) as tmp:
+        policy.save_pretrained(tmp / "policy", safe_serialization=True, state_dict=policy_state)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp / "policy")
+        if critic is not None and critic_state is not None:
+            _save_critic_state(critic, critic_state, tmp / "critic")
+        elif critic is not None:
+            critic.save(tmp / "critic")
+        optim = {k: o if isinstance(o, dict) else o.state_dict() for k, o in optimizers.items()}
+        torch.save(optim, tmp / "optimizer.pt")
+        torch.save(rng_state(), tmp / "rng.pt")
+        cfg = config if isinstance(config, dict) else asdict(config)
+        write_json(cfg, tmp / "config.json")
+        write_json(asdict(state), tmp / STATE_FILE)
+    for old in list_checkpoints(root)[:-keep]:
+        shutil.rmtree(old)
+    return out
+
+
+def _save_critic_state(critic: Critic, state: dict[str, torch.Tensor], out: Path) -> None:
+    """What `critic.save(out)` writes, from a full state dict of the critic (keys
+    `backbone.*`, `value_head.*`): `critic` lends only its config and class."""
+    parts: dict[str, dict[str, torch.Tensor]] = {"backbone.": {}, "value_head.": {}}
+    for key, value in state.items():
+        prefix = next((p for p in parts if key.startswith(p)), None)
+        if prefix is None:
+            raise ValueError(f"unexpected key {key!r} in a critic state dict")
+        parts[prefix][key.removeprefix(prefix)] = value
+    critic.backbone.save_pretrained(out, safe_serialization=True, state_dict=parts["backbone."])
+    head = {k: v.detach().cpu().contiguous() for k, v in parts["value_head."].items()}
+    save_file(head, str(out / VALUE_HEAD_FILE))
+
+
+def read_state(path: str | Path) -> TrainState:
+    data = json.loads((Path(path) / STATE_FILE).read_text())
+    return TrainState(**data)
+
+
+def load_checkpoint(
+    path: str | Path,
+    *,
+    policy: nn.Module,
+    optimizers: dict[str, torch.optim.Optimizer] | None = None,
+    critic: Critic | None = None,
+    restore_rng: bool = True,
+) -> TrainState:
+    """Load a checkpoint into existing objects (so optimisers keep pointing at the same
+    parameters) and return its TrainState. Missing pieces the caller asks for raise."""
+    path = Path(path)
+    if not (path / STATE_FILE).is_file():
+        raise FileNotFoundError(f"{path} is not a checkpoint (no {STATE_FILE})")
+    _load_weights(policy, type(policy).from_pretrained(str(path / "policy"), use_safetensors=True))
+    if critic is not None:
+        if not (path / "critic").is_dir():
+            raise FileNotFoundError(f"{path} has no critic/, but this run trains one")
+        _load_weights(critic, Critic.load(path / "critic"))
+    if optimizers:
+        saved = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
+        missing = set(optimizers) - set(saved)
+        if missing:
+            raise ValueError(f"{path}/optimizer.pt has no state for {sorted(missing)}")
+        for name, opt in optimizers.items():
+            opt.load_state_dict(saved[name])  # moves state to each parameter's device
+    if restore_rng:
+        set_rng_state(torch.load(path / "rng.pt", weights_only=True))
+    return read_state(path)
+
+
+def _load_weights(target: nn.Module, source: nn.Module) -> None:
+    # From a freshly loaded copy: from_pretrained restores tied weights that safetensors
+    # stores once, and load_state_dict keeps `target`'s parameter objects (and dtype/device).
+    target.load_state_dict(source.state_dict())

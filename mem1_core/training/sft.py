@@ -1,0 +1,321 @@
+"""Supervised fine-tuning on teacher trajectories, over the same flattened tree and loss mask
+as PPO (loss on generated tokens only, each scored with exactly the context it was generated
+from). Two uses: the warm start (1-objective teacher trajectories teach the tiny model the tag
+format, the starting point of both ablation arms) and the SFT arm of the RL-vs-SFT ablation
+(MEM1 §5.4: SFT on the teacher's 2-objective trajectories).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from mem1_core.models.model import enable_gradient_checkpointing, save_model
+from mem1_core.rollout.loop import Task, rollout
+from mem1_core.rollout.teacher import ScriptedTeacher
+from mem1_core.runs import atomic
+from mem1_core.trajectory.logprobs import forward_tree
+from mem1_core.trajectory.record import Trajectory, turn_paths, write_trajectories
+from mem1_core.trajectory.tree import FlatTree, collate, flatten
+
+
+def teacher_trajectories(
+    tasks: list[Task],
+    tokenizer,
+    env,
+    rollout_cfg,
+    *,
+    policy: str,
+    error_rate: float = 0.0,
+    forget_rate: float = 0.0,
+    seed: int = 0,
+) -> list[Trajectory]:
+    teacher = ScriptedTeacher(
+        tokenizer, tasks, error_rate=error_rate, forget_rate=forget_rate, seed=seed
+    )
+    return rollout(tasks, teacher, env, rollout_cfg, policy=policy)
+
+
+def sft_loss(
+    model,
+    trees: list[FlatTree],
+    pad_id: int,
+    attn: str,
+    *,
+    context_weight: float = 0.0,
+    context_rows: list[bool] | None = None,
+    seq_bucket: int = 1,
+) -> tuple[torch.Tensor, int]:
+    """Mean negative log-likelihood of the generated tokens of a batch of flattened trees.
+
+    With `context_weight` > 0, plus that weight times the mean next-token loss on the other
+    tokens (prompt and <info>) of the rows flagged in `context_rows`: language-model
+    pretraining on the environment's text, which teaches copying (a name in <info> repeats
+    the query, a title repeats in its passage) far more often per step than the generated
+    tokens alone. seq_bucket: pad to a multiple of it (fewer flex recompiles on a GPU).
+    -> (loss, generated tokens)."""
+    batch = collate(trees, pad_id, pad_to_multiple=seq_bucket).to(next(model.parameters()).device)
+    ctx = None
+    if context_weight > 0 and context_rows is not None and any(context_rows):
+        rows = torch.tensor(context_rows, dtype=torch.bool, device=batch.input_ids.device)
+        ctx = (batch.prev_index >= 0) & ~batch.loss_mask & rows[:, None]
+    positions = batch.loss_mask if ctx is None else batch.loss_mask | ctx
+    logp = forward_tree(model, batch, attn, positions=positions).logprobs
+    n = int(batch.loss_mask.sum())
+    loss = -(logp * batch.loss_mask).sum() / max(n, 1)
+    if ctx is not None:
+        loss = loss + context_weight * -(logp * ctx).sum() / ctx.sum().clamp(min=1)
+    return loss, n
+
+
+def lr_at(progress: float, warmup: float, base: float, floor: float = 0.1) -> float:
+    """Linear warm-up, then cosine to floor*base; `progress` and `warmup` in [0, 1]."""
+    if progress < warmup:
+        return base * progress / max(warmup, 1e-9)
+    t = (progress - warmup) / max(1 - warmup, 1e-9)
+    return base * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0))))
+
+
+@dataclass
+class SFTResult:
+    steps: int
+    seconds: float
+    final_loss: float
+    tokens_per_second: float
+    curve: list[dict]
+
+
+def train_on_trajectories(
+    model,
+    trajectories: list[Trajectory],
+    pad_id: int,
+    *,
+    lr: float,
+    batch_size: int,
+    minutes: float,
+    max_steps: int,
+    warmup_steps: int = 50,
+    grad_clip: float = 1.0,
+    weight_decay: float = 0.0,
+    attn: str = "sdpa",
+    seed: int = 0,
+    eval_fn: Callable[[], dict] | None = None,
+    eval_every_minutes: float = 0.0,
+    log: Callable[[dict], None] | None = None,
+    progress: bool = True,
+    context_weight: float = 0.0,
+    context_loss: list[bool] | None = None,
+    seq_bucket: int = 1,
+    gradient_checkpointing: bool = False,
+) -> SFTResult:
+    """Train until `minutes` or `max_steps` runs out; returns the loss/eval curve.
+    `context_loss[i]`: trajectory i also gets the `context_weight` loss (see `sft_loss`)."""
+    if context_loss is not None and len(context_loss) != len(trajectories):
+        raise ValueError("context_loss needs one flag per trajectory")
+    keep = [i for i, t in enumerate(trajectories) if t.turns]
+    trees = [flatten(turn_paths(trajectories[i])) for i in keep]
+    ctx_flags = [bool(context_loss[i]) for i in keep] if context_loss else None
+    if not trees:
+        raise ValueError("no teacher trajectory to train on")
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    if gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    model.train()
+    budget = minutes * 60.0
+    t0 = time.perf_counter()
+    next_eval = eval_every_minutes * 60.0 if eval_every_minutes > 0 else math.inf
+    curve: list[dict] = []
+    tokens = 0
+    loss_val = float("nan")
+    bar = tqdm(total=max_steps if max_steps < 10**5 else None, desc="sft", disable=not progress)
+    step = 0
+    order: list[int] = []
+    while step < max_steps and time.perf_counter() - t0 < budget:
+        if len(order) < batch_size:
+            order += rng.sample(range(len(trees)), len(trees))
+        idx, order = order[:batch_size], order[batch_size:]
+        elapsed = time.perf_counter() - t0
+        progress_frac = max(step / max_steps, elapsed / budget)
+        warm = min(warmup_steps / max(max_steps, 1), 0.2) if max_steps < 10**5 else 0.05
+        for g in opt.param_groups:
+            g["lr"] = lr_at(progress_frac, warm, lr) if step >= 1 else lr * 0.02
+        loss, n = sft_loss(
+            model,
+            [trees[i] for i in idx],
+            pad_id,
+            attn,
+            context_weight=context_weight,
+            context_rows=[ctx_flags[i] for i in idx] if ctx_flags else None,
+            seq_bucket=seq_bucket,
+        )
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        opt.step()
+        step += 1
+        tokens += n
+        loss_val = float(loss.detach())
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss_val:.3f}")
+        elapsed = time.perf_counter() - t0
+        row = {"step": step, "seconds": round(elapsed, 2), "loss": loss_val}
+        if eval_fn is not None and elapsed >= next_eval:
+            model.eval()
+            row.update(eval_fn())
+            model.train()
+            next_eval += eval_every_minutes * 60.0
+        if step % 10 == 0 or "eval_reward" in row:
+            curve.append(row)
+            if log:
+                log(row)
+    bar.close()
+    model.eval()
+    seconds = time.perf_counter() - t0
+    return SFTResult(step, seconds, loss_val, tokens / max(seconds, 1e-9), curve)
+
+
+def train_sft(
+    cfg,
+    out_dir: str | Path,
+    *,
+    objectives: int | None = None,
+    policy: str | None = None,
+    minutes: float | None = None,
+    steps: int | None = None,
+    init: str | Path | None = None,
+    resume: bool = False,
+    warm_start: bool = False,
+    assets_dir: str | Path | None = None,
+    progress: bool = True,
+) -> dict:
+    """The `mem1 train sft` stage: teacher trajectories -> SFT -> `<out>/policy`.
+
+    `warm_start=True` uses the warm-start budget and 1-objective tasks (the format lesson).
+    With `resume`, a finished run (its `policy/` and `result.json`) is returned as it is.
+    The run's shared assets (world, tasks, tokenizer, index) live in `assets_dir`
+    (default: `out_dir`)."""
+    from mem1_core.evaluation.evaluate import evaluate_policy
+    from mem1_core.models.model import load_model
+    from mem1_core.runs.assets import (
+        RunPaths,
+        adopt_init_tokenizer,
+        ensure_tokenizer,
+        initial_policy,
+        load_tasks,
+        make_env,
+        prepare,
+        teacher_world,
+    )
+
+    out = Path(out_dir).resolve()
+    if resume and (out / "result.json").exists() and (out / "policy").exists():
+        return json.loads((out / "result.json").read_text())
+    from mem1_core.training.ray_runtime import resolve_init
+
+    init = resolve_init(init)  # a run or checkpoint directory -> its policy
+    root = Path(assets_dir or out).resolve()
+    adopt_init_tokenizer(cfg, RunPaths(root), init)
+    paths: RunPaths = prepare(cfg, root)
+    tok = ensure_tokenizer(cfg, paths)
+    env = make_env(cfg, paths, tok)
+    ns = (
+        (objectives,)
+        if objectives
+        else tuple(cfg.sft.warm_start_objectives)
+        if warm_start
+        else (cfg.data.train_objectives,)
+    )
+    policy = policy or cfg.rollout.policy
+    sources = [(cfg, paths, env)]
+    if cfg.data.source == "world":
+        for k in range(cfg.sft.teacher_worlds):
+            sub_cfg, sub_paths = teacher_world(cfg, paths, k)
+            sources.append((sub_cfg, sub_paths, make_env(sub_cfg, sub_paths, tok)))
+    per_source = max(1, cfg.sft.n_teacher_tasks // (len(ns) * len(sources)))
+    trajs: list[Trajectory] = []
+    fresh: list[bool] = []  # from an extra world: safe for the context loss
+    for k, (src_cfg, src_paths, src_env) in enumerate(sources):
+        tasks = [t for n in ns for t in load_tasks(src_cfg, src_paths, "train", n)[:per_source]]
+        fresh += [k > 0] * len(tasks)
+        trajs += teacher_trajectories(
+            tasks,
+            tok,
+            src_env,
+            cfg.rollout,
+            policy=policy,
+            error_rate=cfg.teacher.error_rate,
+            forget_rate=cfg.teacher.forget_rate,
+            seed=cfg.teacher.seed + k,
+        )
+    write_trajectories(trajs, out / "teacher_trajectories.parquet")
+    model = load_model(init, cfg.model, tok) if init else initial_policy(cfg, tok)
+    eval_tasks = load_tasks(cfg, paths, "test", ns[-1])[:32]
+
+    def eval_fn() -> dict:
+        m = evaluate_policy(model, tok, env, eval_tasks, cfg.rollout, policy=policy)
+        return {"eval_reward": m["em_frac"], "eval_format_error_rate": m["format_error_rate"]}
+
+    lines: list[str] = []
+
+    def log(row: dict) -> None:
+        lines.append(json.dumps(row))
+        atomic.write_text("\n".join(lines) + "\n", out / "metrics.jsonl")
+
+    if minutes is None:
+        minutes = cfg.sft.warm_start_minutes if warm_start else cfg.sft.minutes
+    before = eval_fn()
+    result = train_on_trajectories(
+        model,
+        trajs,
+        tok.pad_token_id,
+        lr=cfg.sft.lr,
+        batch_size=cfg.sft.batch_size,
+        minutes=minutes,
+        max_steps=steps
+        if steps is not None
+        else (cfg.sft.warm_start_steps if warm_start else cfg.sft.steps),
+        warmup_steps=cfg.sft.warmup_steps,
+        grad_clip=cfg.sft.grad_clip,
+        weight_decay=cfg.sft.weight_decay,
+        attn=cfg.model.attn,
+        seed=cfg.model.seed,
+        eval_fn=eval_fn,
+        eval_every_minutes=max(0.5, minutes / 4),  # four points on the held-out curve
+        log=log,
+        progress=progress,
+        context_weight=cfg.sft.warm_start_context_weight if warm_start else 0.0,
+        context_loss=fresh,
+        seq_bucket=cfg.model.seq_bucket,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
+    )
+    after = eval_fn()
+    save_model(model, tok, out / "policy")
+    summary = {
+        "objectives": list(ns),
+        "eval_objectives": ns[-1],
+        "policy": policy,
+        "teacher_trajectories": len(trajs),
+        "teacher_worlds": len(sources),
+        "teacher_reward": sum(t.reward for t in trajs) / len(trajs),
+        "steps": result.steps,
+        "seconds": round(result.seconds, 1),
+        "final_loss": result.final_loss,
+        "tokens_per_second": round(result.tokens_per_second),
+        "eval_reward_before": before["eval_reward"],
+        "eval_reward_after": after["eval_reward"],
+        "eval_format_error_rate_after": after["eval_format_error_rate"],
+        "policy_dir": str(out / "policy"),
+    }
+    summary["metrics"] = {k: v for k, v in summary.items() if isinstance(v, (int, float))}
+    atomic.write_json(summary, out / "result.json")
+    return summary

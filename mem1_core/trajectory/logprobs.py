@@ -1,0 +1,314 @@
+"""Per-token log-probs over a flattened tree of turn contexts, in one forward pass.
+
+DESIGN §4.2–4.3. `forward_tree` runs a causal LM once over a `FlatBatch` with the tree's
+mask (a boolean mask for `sdpa`, a 0/finfo.min additive float mask for `eager`, a
+`BlockMask` for `flex_attention`), its depth position ids, and reads each token's log-prob
+from the hidden state of the token before it in its own context (`prev_index`), which in
+a tree is not always the flat neighbour. `per_turn_logprobs` is the definition it must
+match: re-run each turn's real context alone.
+
+Hugging Face passes a 4D mask (tensor or BlockMask) through to the attention function
+unchanged, so the tree mask reaches every layer as built here.
+
+Two ways to run the tree (`tree_hidden`), both exact:
+- one pass over the flattened rows with the (B, 1, L, L) tree mask (dense for sdpa/eager,
+  a BlockMask for flex, which skips the blocks no ancestor relation touches);
+- shared prefix, the default for sdpa/eager: the trunk (MEM1's task prompt; a full-context
+  agent's whole chain) runs once with a plain causal mask, and its cached keys/values are
+  read by each branch (MEM1: one per turn), run as short rows of their own. A dense
+  (L, L) mask over a star pays attention for every pair of turns that cannot see each
+  other: at 8 MEM1 turns ~90% of its entries are False, and on CPU the one-row pass was
+  no faster than re-running each turn (issue #4). The shared prefix keeps the tree's token
+  saving (every token computed once) without that quadratic waste.
+
+Log-probs (and the vocabulary projection) are computed only where asked, by default on the
+generated tokens (`loss_mask`): the trainer reads nothing else, and the (L, V) logits are
+the largest activation of a real vocabulary (152k for Qwen2.5).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import DynamicCache
+
+from mem1_core.trajectory.tree import (
+    FlatBatch,
+    SegmentLike,
+    SharedPrefix,
+    block_mask,
+    dense_mask,
+    shared_prefix_masks,
+    split_shared_prefix,
+)
+
+
+class Attn(StrEnum):
+    """Attention implementations the tree forward supports (Hugging Face names)."""
+
+    SDPA = "sdpa"
+    EAGER = "eager"
+    FLEX = "flex_attention"
+
+
+@dataclass(frozen=True)
+class TreeOutput:
+    """What one forward pass over a FlatBatch gives the trainer."""
+
+    logprobs: Tensor
+    """(B, L) float32 log-prob of each token given its context, at the positions asked for
+    (default: generated tokens); 0 elsewhere and where a token has no predecessor."""
+    entropy: Tensor | None
+    """(B, L) float32 entropy of the distribution that predicted each token; 0 likewise."""
+    hidden: Tensor
+    """(B, L, H) last hidden state at each token (input of a value head)."""
+
+
+def tree_attention_mask(batch: FlatBatch, attn: Attn | str, dtype: torch.dtype):
+    """The mask form each implementation needs: bool for sdpa, additive float for eager
+    (eager adds a bool mask as +1/+0, silently masking nothing), BlockMask for flex (a 4D
+    tensor mask under flex on CPU crashes the process)."""
+    attn = Attn(attn)
+    if attn is Attn.SDPA:
+        return dense_mask(batch, torch.bool)
+    if attn is Attn.EAGER:
+        return dense_mask(batch, dtype)
+    return block_mask(batch)
+
+
+@dataclass(frozen=True)
+class PrefixPlan:
+    """A prebuilt shared-prefix forward of one FlatBatch (reusable like a mask)."""
+
+    split: SharedPrefix
+    branch_masks: tuple[Tensor, ...]
+    """Per group of branch rows, its (R_g, 1, Q_g, P + Q_g) mask over [trunk | row] keys."""
+
+
+def shared_prefix_plan(
+    batch: FlatBatch, attn: Attn | str, dtype: torch.dtype, call_tokens: int = 64
+) -> PrefixPlan:
+    """Trunk/branch split (`call_tokens`: see `split_shared_prefix`) and branch masks. sdpa
+    gets an additive float mask, like eager: torch's sdpa converts a boolean mask to one on
+    every call (an aten::where per layer in the CPU profile), and the prebuilt float mask
+    measured as fast or faster; 0 / finfo.min is additive, not the 1/0 trap of DESIGN §6."""
+    if Attn(attn) is Attn.FLEX:
+        raise ValueError("the shared-prefix forward runs under sdpa or eager; flex uses one pass")
+    split = split_shared_prefix(batch, call_tokens)
+    return PrefixPlan(split, shared_prefix_masks(batch, split, dtype))
+
+
+def use_attention(model: nn.Module, attn: Attn | str | None) -> Attn:
+    """Return the model's attention implementation, switching it in place if `attn` differs."""
+    current = model.config._attn_implementation
+    if attn is None:
+        return Attn(current)
+    attn = Attn(attn)
+    if current != attn.value:
+        model.set_attn_implementation(attn.value)
+    return attn
+
+
+def _static_flex_shapes(attn: Attn, device: torch.device) -> contextlib.AbstractContextManager:
+    """torch 2.13's inductor CPU template for flex attention fails to compile once shapes
+    go dynamic ("'cur_qSplitSize8' was not declared"), which automatic dynamic shapes do at
+    the second sequence length: on CPU compile each length statically instead (bucket
+    lengths with `collate(pad_to_multiple=...)` to bound recompiles)."""
+    if attn is Attn.FLEX and device.type == "cpu":
+        return torch._dynamo.config.patch(automatic_dynamic_shapes=False)
+    return contextlib.nullcontext()
+
+
+def logprobs_from_hidden(
+    hidden: Tensor,
+    lm_head: nn.Module,
+    input_ids: Tensor,
+    prev_index: Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    positions: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-prob (and entropy) of each token from its predecessor's hidden state, computed
+    only at `positions` (bool, default: every token with a predecessor); 0 elsewhere.
+    hidden: (B, L, H), input_ids, prev_index, positions: (B, L) -> logprobs, entropy: (B, L)."""
+    at = prev_index >= 0 if positions is None else positions & (prev_index >= 0)
+    rows, cols = at.nonzero(as_tuple=True)
+    # Only the n asked-for rows go through the vocabulary projection: (n, V), not (B, L, V).
+    logits = lm_head(hidden[rows, prev_index[rows, cols]]).float() / temperature
+    logp_all = F.log_softmax(logits, dim=-1)
+    zeros = torch.zeros(at.shape, dtype=torch.float32, device=hidden.device)
+    logp = zeros.index_put((rows, cols), logp_all.gather(-1, input_ids[rows, cols, None])[:, 0])
+    entropy = None
+    if with_entropy:
+        entropy = zeros.index_put((rows, cols), -(logp_all.exp() * logp_all).sum(-1))
+    return logp, entropy
+
+
+def tree_hidden(
+    decoder: nn.Module,
+    batch: FlatBatch,
+    attn: Attn | str | None = None,
+    *,
+    mask: object | None = None,
+) -> Tensor:
+    """Last hidden state of every token of a flattened tree. batch: (B, L) -> (B, L, H).
+
+    decoder: the transformer without its LM head (`model.get_decoder()`, a critic's
+    backbone). mask: a prebuilt `shared_prefix_plan` (two stages) or `tree_attention_mask`
+    (one pass); None builds the shared-prefix plan under sdpa/eager, and the one-pass mask
+    under flex or while gradient checkpointing is active (it drops the KV cache the two
+    stages share). Hidden states on padding are arbitrary (finite)."""
+    attn = use_attention(decoder, attn)
+    checkpointing = _drops_cache(decoder)
+    if mask is None:
+        dtype = next(decoder.parameters()).dtype
+        if attn is Attn.FLEX or checkpointing:
+            mask = tree_attention_mask(batch, attn, dtype)
+        else:
+            mask = shared_prefix_plan(batch, attn, dtype)
+    if isinstance(mask, PrefixPlan):
+        if checkpointing:
+            raise ValueError(
+                "the shared-prefix forward hands the trunk's KV cache to the branches, and "
+                "gradient checkpointing drops the cache: pass mask=None or a "
+                "tree_attention_mask (one pass) while checkpointing"
+            )
+        return _shared_prefix_hidden(decoder, batch, mask)
+    with _static_flex_shapes(attn, batch.input_ids.device):
+        return decoder(
+            input_ids=batch.input_ids,
+            attention_mask=mask,
+            position_ids=batch.position_ids,
+            use_cache=False,
+        ).last_hidden_state
+
+
+def _drops_cache(decoder: nn.Module) -> bool:
+    """Whether a forward now would run checkpointed layers, which Hugging Face runs without
+    the KV cache (a replay in backward would write it twice)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return torch.is_grad_enabled() and any(
+        isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing and m.training
+        for m in decoder.modules()
+    )
+
+
+def _shared_prefix_hidden(decoder: nn.Module, batch: FlatBatch, plan: PrefixPlan) -> Tensor:
+    """Trunk stage, then each group of branch rows over the trunk's cached keys/values
+    (tree.SharedPrefix). Gradients flow through the cache into the trunk, as in one pass."""
+    split = plan.split
+    b, length = batch.input_ids.shape
+    p = split.trunk_width
+    flat_ids, flat_pos = batch.input_ids.reshape(-1), batch.position_ids.reshape(-1)
+    outs, trunk_kv = [], None
+    if p:
+        # The first P columns of every row: its trunk, then (rows with a shorter trunk)
+        # branch tokens or padding that only later slots see (causal) and the branch masks
+        # hide; their outputs are dropped. Positions 0..P-1 are the trunk's depths.
+        positions = torch.arange(p, device=batch.input_ids.device).expand(b, p)
+        out = decoder(
+            input_ids=batch.input_ids[:, :p], position_ids=positions, use_cache=bool(split.rows)
+        )
+        outs.append(out.last_hidden_state.reshape(b * p, -1))
+        if out.cache is not None:
+            trunk_kv = [(layer.keys, layer.values) for layer in out.cache.layers]
+            if any(k is None or k.shape[-2] != p for k, _ in trunk_kv):  # never silently
+                raise RuntimeError("the trunk pass left no KV cache for the branches")
+    for index, row_batch, mask in zip(split.rows, split.row_batch, plan.branch_masks, strict=True):
+        cache = None
+        if trunk_kv is not None:
+            kv = [(k[row_batch], v[row_batch]) for k, v in trunk_kv]
+            cache = DynamicCache(ddp_cache_data=kv, config=decoder.config)
+        real, at = index >= 0, index.clamp(min=0)
+        hidden = decoder(
+            input_ids=flat_ids[at],
+            position_ids=torch.where(real, flat_pos[at], 0),
+            attention_mask=mask,
+            cache=cache,
+            use_cache=cache is not None,
+        ).last_hidden_state
+        outs.append(hidden.reshape(index.numel(), -1))
+    return torch.cat(outs)[split.home]
+
+
+def forward_tree(
+    model: nn.Module,
+    batch: FlatBatch,
+    attn: Attn | str | None = None,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    mask: object | None = None,
+    positions: Tensor | None = None,
+) -> TreeOutput:
+    """One forward of a causal LM over a flattened tree. batch: (B, L) -> TreeOutput.
+
+    attn: implementation to use (None: the model's own); a different one is switched on
+    the model in place. mask: a prebuilt `shared_prefix_plan(batch, attn, dtype)` or
+    `tree_attention_mask(batch, attn, dtype)` to reuse across PPO epochs (see
+    `tree_hidden`). temperature: the rollout's sampling temperature, so log-probs are
+    those of the distribution that was sampled. positions: (B, L) bool tokens whose
+    log-prob (and entropy) to compute, default `batch.loss_mask` (what the trainer reads).
+    """
+    attn = use_attention(model, attn)
+    hidden = tree_hidden(model.get_decoder(), batch, attn, mask=mask)
+    logp, entropy = logprobs_from_hidden(
+        hidden,
+        model.get_output_embeddings(),
+        batch.input_ids,
+        batch.prev_index,
+        temperature,
+        with_entropy,
+        batch.loss_mask if positions is None else positions,
+    )
+    return TreeOutput(logprobs=logp, entropy=entropy, hidden=hidden)
+
+
+def token_logprobs(
+    model: nn.Module,
+    batch: FlatBatch,
+    attn: Attn | str | None = None,
+    *,
+    temperature: float = 1.0,
+) -> Tensor:
+    """Log-prob of every token of a flattened tree (context tokens too; the trainer needs
+    only `forward_tree`'s generated ones). batch: (B, L) -> (B, L) float32."""
+    every = batch.prev_index >= 0
+    return forward_tree(model, batch, attn, temperature=temperature, positions=every).logprobs
+
+
+@torch.no_grad()
+def per_turn_logprobs(
+    model: nn.Module,
+    paths: Sequence[Sequence[SegmentLike]],
+    *,
+    temperature: float = 1.0,
+) -> list[Tensor]:
+    """The definition: re-run each turn's context + generation alone (batch 1, positions
+    0..n-1, plain causal) and return, per turn, the (len(G_t),) log-probs of its
+    generated tokens; a token with no predecessor gets 0. Slow, obviously right."""
+    device = next(model.parameters()).device
+    out = []
+    for path in paths:
+        context = [i for seg in path[:-1] for i in seg.ids]
+        gen = list(path[-1].ids)
+        ids = torch.tensor([context + gen], dtype=torch.long, device=device)
+        if not gen:
+            out.append(torch.zeros(0, device=device))
+            continue
+        logits = model(input_ids=ids, use_cache=False).logits[0].float() / temperature
+        logp_all = F.log_softmax(logits, dim=-1)
+        c = len(context)
+        targets = ids[0, max(c, 1) :]
+        logp = logp_all[max(c, 1) - 1 : -1].gather(-1, targets[:, None]).squeeze(-1)
+        if c == 0:  # the first generated token of an empty context has no predecessor
+            logp = torch.cat([logp.new_zeros(1), logp])
+        out.append(logp)
+    return out
