@@ -1,4 +1,4 @@
-"""One forward pass over the flattened tree equals re-running every turn alone (DESIGN §4.2)."""
+"""One forward pass over the flattened tree equals re-running every turn alone (docs/design.md §4.2)."""
 
 from __future__ import annotations
 
@@ -158,7 +158,7 @@ def test_every_token_logprob_matches_its_own_context(models) -> None:
 
 def test_eager_with_a_boolean_mask_would_be_wrong(models) -> None:
     # Why the eager path gets an additive float mask: Hugging Face adds a 4D mask to the
-    # scores, so a boolean one masks nothing (DESIGN §6). Guards the mask choice above.
+    # scores, so a boolean one masks nothing (docs/design.md §6). Guards the mask choice above.
     trajs = trajectories(1, [("mem1", 3)])
     batch = collate([flatten(p) for p in trajs], pad_id=VOCAB - 1)
     with torch.no_grad():

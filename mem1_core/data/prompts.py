@@ -2,7 +2,7 @@
 
 One module, used by composition, rollout, training and evaluation alike, so that the hint
 text can never differ between training and evaluation (a trap of the reference code,
-DESIGN.md §6).
+docs/design.md §6).
 """
 
 from __future__ import annotations
@@ -55,5 +55,5 @@ def join_answers(answers: list[str]) -> str:
 
 
 def split_answers(text: str) -> list[str]:
-    """`a1; a2; …` -> [a1, a2, …] (the paper splits answers on `;`, DESIGN.md §6)."""
+    """`a1; a2; …` -> [a1, a2, …] (the paper splits answers on `;`, docs/design.md §6)."""
     return [a.strip() for a in text.split(ANSWER_SEPARATOR)]

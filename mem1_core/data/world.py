@@ -11,7 +11,7 @@ second) and comparison. Each records its supporting document titles, its hop cou
 
 Train/test split is by entity: every entity a question mentions belongs to the question's
 split, so test questions mention only entities that no training question mentions
-(DESIGN.md §7: the model must learn to copy from retrieved text, not to memorise).
+(docs/design.md §7: the model must learn to copy from retrieved text, not to memorise).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from mem1_core.runs import atomic
 GENERATOR_VERSION = "world-1"
 
 # Consonant-vowel syllables: a name is 2-3 of them, so a tokenizer that learns syllables
-# copies unseen names with a few tokens (DESIGN.md §7).
+# copies unseen names with a few tokens (docs/design.md §7).
 ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "th", "sh"]
 VOWELS = ["a", "e", "i", "o", "u"]
 CODAS = ["", "", "", "n", "r", "l", "s"]

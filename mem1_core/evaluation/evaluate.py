@@ -1,4 +1,4 @@
-"""Evaluation: greedy rollouts of a policy on held-out tasks and the metrics of DESIGN.md §5
+"""Evaluation: greedy rollouts of a policy on held-out tasks and the metrics of docs/design.md §5
 per number of objectives N (EM and F1 as sum over objectives and as fraction, peak tokens,
 dependency, inference time per task, format-error rate, turns used)."""
 

@@ -1,5 +1,5 @@
 """Answer scoring (SQuAD normalisation, EM and F1 per objective) and the efficiency metrics
-of DESIGN.md §5 (peak tokens, dependency)."""
+of docs/design.md §5 (peak tokens, dependency)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """Tokenizers: the `tiny` tokenizer trained locally, and hub tokenizers with MEM1's tags.
 
-The tiny tokenizer is built so that copying is cheap (DESIGN.md §7): the pre-tokenizer cuts
+The tiny tokenizer is built so that copying is cheap (docs/design.md §7): the pre-tokenizer cuts
 capitalised words into the world's consonant-vowel syllables, so an unseen name is a few
 syllable tokens from a small inventory rather than an arbitrary BPE split, and every year
 1000-2099 is a single token. The eight tags are single special tokens, so the environment
-finds them in token ids without decoding (DESIGN.md §4.1).
+finds them in token ids without decoding (docs/design.md §4.1).
 """
 
 from __future__ import annotations

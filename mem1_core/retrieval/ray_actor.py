@@ -1,5 +1,5 @@
 """A retriever inside a Ray actor, so many rollout workers share one loaded index
-(DESIGN.md §4.6: the retriever is a Ray actor at every scale).
+(docs/design.md §4.6: the retriever is a Ray actor at every scale).
 
     handle = start_retriever_actor(index_dir)      # after ray.init()
     retriever = RayRetriever(handle)               # a Retriever, usable anywhere

@@ -42,7 +42,7 @@ _MAX_LOG_RATIO = 20.0
 
 
 def check_loss_mask(loss_mask: Tensor, *tensors: Tensor) -> None:
-    """Masks are booleans (DESIGN §4.3), and every (B, L) tensor matches the mask."""
+    """Masks are booleans (docs/design.md §4.3), and every (B, L) tensor matches the mask."""
     if loss_mask.dtype != torch.bool:
         raise TypeError(f"loss_mask must be a bool tensor, got {loss_mask.dtype}")
     if loss_mask.dim() != 2:

@@ -1,6 +1,6 @@
-"""The vLLM generation backend: `vllm.LLM` behind `GenerationBackend` (DESIGN.md §4.5).
+"""The vLLM generation backend: `vllm.LLM` behind `GenerationBackend` (docs/design.md §4.5).
 
-Token in, token out (DESIGN.md §4.1): contexts go in as `TokensPrompt`s, the engine never
+Token in, token out (docs/design.md §4.1): contexts go in as `TokensPrompt`s, the engine never
 loads a tokenizer (`skip_tokenizer_init`), outputs are not detokenized, and the ids come
 back as generated, the stop token included. Prefix caching is on: the turns of a group of
 trajectories share the task prompt, and a full-context agent's turns share their history.

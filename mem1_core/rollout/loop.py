@@ -2,7 +2,7 @@
 memory policy -> trajectories.
 
 Each turn, every live trajectory's context is rebuilt from id segments by the memory policy
-(never from decoded text, DESIGN.md §4.1), all live contexts are generated together, every
+(never from decoded text, docs/design.md §4.1), all live contexts are generated together, every
 query of the turn goes to the retriever in one batched call, and each trajectory records
 its context references, generated ids and log-probs, info ids and timing.
 """

@@ -1,6 +1,6 @@
 """Memory policies: given a trajectory so far, the next turn's context as segments.
 
-One signature, three policies over the same rollout, trainer and evaluation (DESIGN.md §4.4):
+One signature, three policies over the same rollout, trainer and evaluation (docs/design.md §4.4):
 - `mem1`: the task prompt + the last turn's `<IS>…</IS><query>…</query>` + its `<info>`.
   Everything older is pruned; the internal state is the agent's only memory (MEM1 §3).
 - `full`: the prompt and every earlier turn and info block (the ReAct / Search-R1 baseline).

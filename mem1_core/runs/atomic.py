@@ -1,5 +1,5 @@
 """Atomic writes: every artifact is written to a temporary sibling and renamed, so a
-killed process never leaves a half-written file or directory behind (DESIGN.md §4.7)."""
+killed process never leaves a half-written file or directory behind (docs/design.md §4.7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Training checkpoints, written atomically (DESIGN §4.7).
+"""Training checkpoints, written atomically (docs/design.md §4.7).
 
 A checkpoint is a directory `<root>/iter_{K:06d}` holding the state after K completed
 iterations (0..K-1); a resumed run continues with iteration K:

@@ -1,4 +1,4 @@
-"""FSDP2 sharding of the learner's models for the flattened-tree forward (issue #7).
+"""FSDP2 sharding of the learner's models for the flattened-tree forward.
 
 What is here: sharding the policy (as a `TreeLM`) and the critic over a device mesh with
 FSDP2 (`torch.distributed.fsdp.fully_shard`) so that `forward_tree` and `Critic.forward`

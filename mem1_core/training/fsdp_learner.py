@@ -1,4 +1,4 @@
-"""The FSDP learner group: `ppo.learner_strategy=fsdp` (issue #7).
+"""The FSDP learner group: `ppo.learner_strategy=fsdp`.
 
 `ppo.learner_world` ranks, each a Ray actor (`LearnerRank`) holding one shard of the policy,
 the frozen reference and the critic (mem1_core.training.fsdp), form one torch.distributed group

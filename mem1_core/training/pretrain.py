@@ -2,7 +2,7 @@
 from (MEM1 §4: Qwen2.5-7B base), trained once, long, on freshly generated worlds.
 
 A pretrained LLM brings to MEM1 the skills the tiny model otherwise spends its whole budget
-on (DESIGN §8): reading documents, copying names and years it has never seen, the tag
+on (docs/design.md §8): reading documents, copying names and years it has never seen, the tag
 format, issuing a search and answering from `<info>`. `pretrain` teaches exactly those, and
 nothing that would make N >= 4 a memorised setting:
 

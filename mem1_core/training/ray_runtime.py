@@ -1,5 +1,5 @@
 """Where RL training runs: rollout workers, a learner and the retriever as Ray actors
-(DESIGN §4.6), or the same classes as plain objects in this process (`use_ray=False`).
+(docs/design.md §4.6), or the same classes as plain objects in this process (`use_ray=False`).
 
 - `RolloutWorker`: a generation backend (`rollout.backend`: Hugging Face with a KV cache, or
   a vLLM engine), the QA environment and a retriever client (a handle to the shared

@@ -1,6 +1,6 @@
 """Per-token log-probs over a flattened tree of turn contexts, in one forward pass.
 
-DESIGN §4.2–4.3. `forward_tree` runs a causal LM once over a `FlatBatch` with the tree's
+docs/design.md §4.2–4.3. `forward_tree` runs a causal LM once over a `FlatBatch` with the tree's
 mask (a boolean mask for `sdpa`, a 0/finfo.min additive float mask for `eager`, a
 `BlockMask` for `flex_attention`), its depth position ids, and reads each token's log-prob
 from the hidden state of the token before it in its own context (`prev_index`), which in
@@ -18,7 +18,7 @@ Two ways to run the tree (`tree_hidden`), both exact:
   read by each branch (MEM1: one per turn), run as short rows of their own. A dense
   (L, L) mask over a star pays attention for every pair of turns that cannot see each
   other: at 8 MEM1 turns ~90% of its entries are False, and on CPU the one-row pass was
-  no faster than re-running each turn (issue #4). The shared prefix keeps the tree's token
+  no faster than re-running each turn (`mem1 bench trajectory` measures it). The shared prefix keeps the tree's token
   saving (every token computed once) without that quadratic waste.
 
 Log-probs (and the vocabulary projection) are computed only where asked, by default on the
@@ -97,7 +97,7 @@ def shared_prefix_plan(
     """Trunk/branch split (`call_tokens`: see `split_shared_prefix`) and branch masks. sdpa
     gets an additive float mask, like eager: torch's sdpa converts a boolean mask to one on
     every call (an aten::where per layer in the CPU profile), and the prebuilt float mask
-    measured as fast or faster; 0 / finfo.min is additive, not the 1/0 trap of DESIGN §6."""
+    measured as fast or faster; 0 / finfo.min is additive, not the 1/0 trap of docs/design.md §6."""
     if Attn(attn) is Attn.FLEX:
         raise ValueError("the shared-prefix forward runs under sdpa or eager; flex uses one pass")
     split = split_shared_prefix(batch, call_tokens)

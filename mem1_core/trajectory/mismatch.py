@@ -2,7 +2,7 @@
 
 The rollout records each generated token's log-prob (HF KV-cached batches, or vLLM's own
 kernels); the learner recomputes it over the flattened tree (mem1_core.trajectory.logprobs). With the
-same weights the two agree to float tolerance (DESIGN.md §4.2), so a gap measures the
+same weights the two agree to float tolerance (docs/design.md §4.2), so a gap measures the
 inference/training numerics mismatch (bf16, different kernels, a stale weight sync). Per
 turn index, because a bug in how a context is rebuilt shows up from a given turn on
 (MEM1's carried `<IS>` first matters at turn 1), not as a uniform shift.

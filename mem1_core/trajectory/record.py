@@ -1,4 +1,4 @@
-"""Trajectories: what a rollout records, token in / token out (DESIGN.md §4.1).
+"""Trajectories: what a rollout records, token in / token out (docs/design.md §4.1).
 
 A turn's context is a list of `SegmentRef`s — references to id spans the trajectory already
 holds (the task prompt, a span of an earlier turn's generated ids, an earlier info block) —

@@ -1,6 +1,6 @@
 """The masked trajectory: the turn contexts of a trajectory as one flattened prefix tree.
 
-DESIGN §4.2. Turn t of a trajectory ran on a context C_t (a list of id segments) and
+docs/design.md §4.2. Turn t of a trajectory ran on a context C_t (a list of id segments) and
 generated G_t. All turn paths `C_t + [G_t]` go into one prefix tree whose nodes are
 segments, identified by the tuple of segment keys from the root: shared prefixes (the task
 prompt; for a full-context agent the whole history) appear once, a segment re-read at a
@@ -16,7 +16,7 @@ sequence in which
 so one forward pass over the flattened tree gives every generated token the log-prob the
 rollout computed (checked in tests/test_logprobs.py against re-running each turn alone).
 
-Departures from the reference code (DESIGN §6): masks are booleans or BlockMasks, never
+Departures from the reference code (docs/design.md §6): masks are booleans or BlockMasks, never
 1.0/0.0 floats; the previous `<IS>` stays visible to the next turn; positions are depths,
 so for MEM1 they stay bounded however many turns there are.
 
@@ -65,7 +65,7 @@ class Segment:
     key: Hashable
     """Identity: same key under the same ancestor keys => same tree node (and same ids)."""
     ids: tuple[int, ...]
-    """Token ids as the rollout produced them; never re-tokenised (DESIGN §4.1)."""
+    """Token ids as the rollout produced them; never re-tokenised (docs/design.md §4.1)."""
     generated: bool
     """True only on the segment the policy generated in this turn (the last one)."""
 
@@ -455,7 +455,7 @@ def _as_mask(allowed: Tensor, dtype: torch.dtype) -> Tensor:
 def dense_mask(batch: FlatBatch, dtype: torch.dtype = torch.bool) -> Tensor:
     """Tree attention mask. -> (B, 1, L, L): bool (True = may attend) for sdpa, or for a
     float dtype an additive mask, 0 where allowed and finfo(dtype).min elsewhere (eager:
-    Hugging Face adds a float mask to the scores, so a 1/0 mask would block nothing, §6)."""
+    Hugging Face adds a float mask to the scores, so a 1/0 mask would block nothing, docs/design.md §6)."""
     b, length = batch.node_ids.shape
     # Row of the ancestor table for each query token, then the column of each key token.
     rows = batch.ancestors.gather(
