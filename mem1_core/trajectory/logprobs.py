@@ -38,15 +38,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import DynamicCache
 
-from mem1_core.trajectory.tree import (
-    FlatBatch,
-    SegmentLike,
+from mem1_core.trajectory.masks import block_mask, dense_mask
+from mem1_core.trajectory.shared_prefix import (
     SharedPrefix,
-    block_mask,
-    dense_mask,
     shared_prefix_masks,
     split_shared_prefix,
 )
+from mem1_core.trajectory.tree import FlatBatch, SegmentLike
 
 
 class Attn(StrEnum):
@@ -202,7 +200,7 @@ def _drops_cache(decoder: nn.Module) -> bool:
 
 def _shared_prefix_hidden(decoder: nn.Module, batch: FlatBatch, plan: PrefixPlan) -> Tensor:
     """Trunk stage, then each group of branch rows over the trunk's cached keys/values
-    (tree.SharedPrefix). Gradients flow through the cache into the trunk, as in one pass."""
+    (shared_prefix.SharedPrefix). Gradients flow through the cache into the trunk, as in one pass."""
     split = plan.split
     b, length = batch.input_ids.shape
     p = split.trunk_width
