@@ -10,7 +10,6 @@ import torch
 from torch.testing import assert_close
 
 from mem1_core.rl.advantages import (
-    ADVANTAGE_ESTIMATORS,
     KL_ESTIMATORS,
     gae,
     grpo_advantages,
@@ -21,6 +20,7 @@ from mem1_core.rl.advantages import (
     masked_whiten,
     token_rewards,
 )
+from mem1_core.rl.estimators import ESTIMATORS, get_estimator, register_adv_est
 
 # ------------------------------------------------------------------- fixtures
 
@@ -294,16 +294,21 @@ def test_registry_shares_one_signature(gen):
     values = torch.randn(6, 15, generator=gen)
     kwargs = dict(rewards=rewards, values=values, loss_mask=mask, group_ids=group_ids)
     hyper = dict(gamma=1.0, lam=1.0, eps=1e-6)
-    assert set(ADVANTAGE_ESTIMATORS) >= {"gae", "grpo"}
-    adv, ret = ADVANTAGE_ESTIMATORS["gae"](**kwargs, **hyper)
+    assert set(ESTIMATORS) >= {"gae", "grpo"}
+    adv, ret = ESTIMATORS["gae"].fn(**kwargs, **hyper)
     assert_close((adv, ret), gae(rewards, values, mask, 1.0, 1.0))
-    adv, _ = ADVANTAGE_ESTIMATORS["grpo"](**kwargs, **hyper)
+    adv, _ = ESTIMATORS["grpo"].fn(**kwargs, **hyper)
     # Row 0 has no generated token, so its score never reached the rewards: it counts as 0.
     assert_close(adv, grpo_advantages(scores * mask.any(1), group_ids, mask, 1e-6))
-    adv, _ = ADVANTAGE_ESTIMATORS["grpo_mean"](**kwargs, **hyper)
+    adv, _ = ESTIMATORS["grpo_mean"].fn(**kwargs, **hyper)
     assert_close(adv, grpo_advantages(scores * mask.any(1), group_ids, mask, 1e-6, False))
     with pytest.raises(ValueError, match="values"):
-        ADVANTAGE_ESTIMATORS["gae"](**{**kwargs, "values": None}, **hyper)
+        ESTIMATORS["gae"].fn(**{**kwargs, "values": None}, **hyper)
+    assert get_estimator("gae").uses_critic and not get_estimator("grpo").uses_critic
+    with pytest.raises(ValueError, match="registered twice"):
+        register_adv_est("gae", uses_critic=True, whiten=True)(lambda **_: None)
+    with pytest.raises(ValueError, match="choose one of"):
+        get_estimator("nope")
 
 
 # ---------------------------------------------------------- masked statistics

@@ -23,14 +23,13 @@ KL coefficient 1e-3):
   its raw score.
 - `masked_mean` / `masked_var` / `masked_whiten`: statistics over generated tokens only.
 
-Variants are chosen by name through `KL_ESTIMATORS` and `ADVANTAGE_ESTIMATORS`.
+KL variants are chosen by name through `KL_ESTIMATORS`; advantage estimators are registered
+by name in mem1_core.rl.estimators.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
-from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -272,69 +271,3 @@ def grpo_advantages(
         adv = deviation
     adv = torch.where(n > 1, adv, 0)
     return torch.where(loss_mask, adv[:, None], 0)
-
-
-# ---------------------------------------------------------------------- registry
-
-
-class AdvantageEstimator(Protocol):
-    """One signature for every estimator: keyword-only (B, L) tensors and scalars in,
-    (advantages, returns) (B, L) out; each estimator uses the arguments it needs."""
-
-    def __call__(
-        self,
-        *,
-        rewards: Tensor,
-        values: Tensor | None,
-        loss_mask: Tensor,
-        group_ids: Tensor | None,
-        gamma: float,
-        lam: float,
-        eps: float,
-    ) -> tuple[Tensor, Tensor]: ...
-
-
-def _gae_estimator(
-    *,
-    rewards: Tensor,
-    values: Tensor | None,
-    loss_mask: Tensor,
-    group_ids: Tensor | None,
-    gamma: float,
-    lam: float,
-    eps: float,
-) -> tuple[Tensor, Tensor]:
-    if values is None:
-        raise ValueError("the 'gae' estimator needs critic values")
-    return gae(rewards, values, loss_mask, gamma, lam)
-
-
-def _grpo_estimator(
-    *,
-    rewards: Tensor,
-    values: Tensor | None,
-    loss_mask: Tensor,
-    group_ids: Tensor | None,
-    gamma: float,
-    lam: float,
-    eps: float,
-    normalize_std: bool = True,
-) -> tuple[Tensor, Tensor]:
-    if group_ids is None:
-        raise ValueError("the 'grpo' estimator needs group_ids (one id per task)")
-    check_loss_mask(loss_mask, rewards)
-    # The trajectory's score is its summed token reward: with the KL as a loss term
-    # (kl_coef = 0 in the rewards, the GRPO way) that is exactly the task score.
-    scores = torch.where(loss_mask, rewards, 0).sum(1)
-    adv = grpo_advantages(scores, group_ids, loss_mask, eps, normalize_std)
-    # No critic: returns are unused; like verl, hand back the advantages.
-    return adv, adv
-
-
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
-    "gae": _gae_estimator,  # PPO with a critic, the paper's choice (gamma = lam = 1)
-    "grpo": _grpo_estimator,  # group-relative, several samples per task
-    "grpo_mean": partial(
-        _grpo_estimator, normalize_std=False
-    ),  # Dr. GRPO: no division by the group std
-}

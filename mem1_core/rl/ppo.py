@@ -37,13 +37,13 @@ from torch import Tensor, nn
 from mem1_core.config import PPOConfig
 from mem1_core.models.model import is_checkpointing
 from mem1_core.rl.advantages import (
-    ADVANTAGE_ESTIMATORS,
     kl_estimate,
     masked_mean,
     masked_whiten,
     token_rewards,
 )
 from mem1_core.rl.critic import Critic
+from mem1_core.rl.estimators import get_estimator
 from mem1_core.rl.losses import (
     clipped_policy_loss,
     clipped_value_loss,
@@ -57,30 +57,6 @@ from mem1_core.trajectory.record import Trajectory, turn_paths
 from mem1_core.trajectory.tree import FlatBatch, collate, flatten
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Estimator:
-    """How an advantage estimator trains: with a critic or not, whitened or not."""
-
-    uses_critic: bool
-    whiten: bool
-    """Whiten the advantages over the batch (PPO); GRPO's are already normalised per group."""
-
-
-ESTIMATORS: dict[str, Estimator] = {
-    "gae": Estimator(uses_critic=True, whiten=True),  # PPO, the paper's choice
-    "grpo": Estimator(uses_critic=False, whiten=False),
-    "grpo_mean": Estimator(uses_critic=False, whiten=False),  # Dr. GRPO
-}
-
-
-def get_estimator(name: str) -> Estimator:
-    if name not in ESTIMATORS or name not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(
-            f"unknown advantage estimator {name!r}; choose one of {sorted(ESTIMATORS)}"
-        )
-    return ESTIMATORS[name]
 
 
 class NonFiniteError(RuntimeError):
@@ -258,7 +234,8 @@ def estimate_advantages(
     token rewards (for logging)."""
     kl_coef = 0.0 if cfg.kl_in_loss or t.ref_logp is None else cfg.kl_coef
     rewards = token_rewards(rb.scores, t.loss_mask, t.old_logp, t.ref_logp, kl_coef, cfg.kl_kind)
-    adv, returns = ADVANTAGE_ESTIMATORS[estimator](
+    est = get_estimator(estimator)
+    adv, returns = est.fn(
         rewards=rewards,
         values=t.old_values,
         loss_mask=t.loss_mask,
@@ -267,7 +244,7 @@ def estimate_advantages(
         lam=cfg.lam,
         eps=1e-6,
     )
-    if get_estimator(estimator).whiten:
+    if est.whiten:
         adv = masked_whiten(adv, t.loss_mask)
     return Targets(t.loss_mask, t.old_logp, adv, returns, t.old_values, t.ref_logp), rewards
 

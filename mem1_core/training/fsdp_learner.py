@@ -57,12 +57,12 @@ from torch import Tensor, nn
 from mem1_core.config import Config, PPOConfig
 from mem1_core.models.model import DTYPES, enable_gradient_checkpointing, load_model
 from mem1_core.rl.critic import VALUE_HEAD_FILE, Critic
+from mem1_core.rl.estimators import get_estimator
 from mem1_core.rl.ppo import (
     Models,
     NonFiniteGuard,
     RolloutBatch,
     Targets,
-    get_estimator,
     ppo_loss,
     run_epochs,
     select_rows,

@@ -51,7 +51,8 @@ from mem1_core.models.model import (
     save_model,
 )
 from mem1_core.rl.critic import VALUE_HEAD_FILE, Critic
-from mem1_core.rl.ppo import Models, NonFiniteGuard, get_estimator, update
+from mem1_core.rl.estimators import get_estimator
+from mem1_core.rl.ppo import Models, NonFiniteGuard, update
 from mem1_core.rollout.generation import HFBackend
 from mem1_core.rollout.loop import Task, rollout
 from mem1_core.runs.assets import RunPaths, ensure_tokenizer, initial_policy, make_env

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from mem1_core.config import Config
 from mem1_core.evaluation.metrics import unknown_rate
-from mem1_core.rl.ppo import get_estimator
+from mem1_core.rl.estimators import get_estimator
 from mem1_core.rollout.loop import Task
 from mem1_core.runs.assets import RunPaths, adopt_init_tokenizer, load_tasks, prepare
 from mem1_core.runs.atomic import write_text
