@@ -111,8 +111,8 @@ def sizes_for(device: str, quick: bool) -> Sizes:
         "model.dtype=bfloat16",
         "model.attn=flex_attention",
         "model.gradient_checkpointing=true",
-        "ppo.gpus_per_worker=0.5",
-        "ppo.learner_gpus=0.5",
+        "resources.gpus_per_worker=0.5",
+        "resources.learner_gpus=0.5",
     )
     return Sizes(
         vocab=4096,

@@ -141,7 +141,7 @@ def heldout(
     for name, p in policies.items():
         model = load_model(p, cfg.model, tok)
         out_rows[name] = {
-            n: evaluate_policy(model, tok, env, tasks[n], cfg.rollout, policy="mem1") for n in ns
+            n: evaluate_policy(model, tok, env, tasks[n], cfg.rollout, memory="mem1") for n in ns
         }
     return out_rows
 

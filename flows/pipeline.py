@@ -122,7 +122,7 @@ def _warm_start(ctx: RunContext) -> StageResult:
 def _train_ppo(ctx: RunContext) -> StageResult:
     from flows.stages import train_ppo_mem1
 
-    out = train_ppo_mem1(**_stage_args(ctx), policy="mem1")
+    out = train_ppo_mem1(**_stage_args(ctx), memory="mem1")
     m = out["metrics"]
     return StageResult(
         outputs=out,
@@ -137,7 +137,7 @@ def _train_ppo(ctx: RunContext) -> StageResult:
 def _train_baselines(ctx: RunContext) -> StageResult:
     from flows.stages import train_ppo_mem1, train_sft_arm
 
-    full = train_ppo_mem1(**_stage_args(ctx), policy="full")
+    full = train_ppo_mem1(**_stage_args(ctx), memory="full")
     sft = train_sft_arm(**_stage_args(ctx))
     return StageResult(
         outputs={"ppo_full": full, "sft_mem1": sft},

@@ -15,6 +15,7 @@ the run directory:
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,8 @@ WARM, PPO_MEM1, PPO_FULL, SFT_MEM1, EVAL, ABLATION = (
 )
 
 
-def _with_policy(cfg: Config, policy: str) -> Config:
-    return dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, policy=policy))
+def _with_memory(cfg: Config, memory: str) -> Config:
+    return dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, memory=memory))
 
 
 def _resume(out: Path) -> bool:
@@ -65,22 +66,30 @@ def train_ppo_mem1(
     config_path: str | None,
     overrides: list[str] | None,
     run_dir: str,
-    policy: str = "mem1",
+    memory: str = "mem1",
+    policy: str | None = None,
 ) -> dict[str, Any]:
+    """PPO under the memory policy `memory` from the warm start. (`policy` is its old name:
+    still read, with a warning, for one release.)"""
     from mem1_core.training.train_rl import train_rl
 
-    cfg = _with_policy(build_config(profile, config_path, overrides), policy)
+    if policy is not None:
+        message = "train-ppo-mem1: the parameter `policy` is now `memory`; `policy` will stop "
+        print(f"{message}working in the next release")  # the flow run's log
+        warnings.warn(f"{message}working in the next release", DeprecationWarning, stacklevel=2)
+        memory = policy
+    cfg = _with_memory(build_config(profile, config_path, overrides), memory)
     root = Path(run_dir)
-    out = root / (PPO_MEM1 if policy == "mem1" else PPO_FULL)
+    out = root / (PPO_MEM1 if memory == "mem1" else PPO_FULL)
     result = train_rl(cfg, out, estimator="gae", resume=_resume(out), init=root / WARM, show=False)
     publish_table(
-        f"ppo-{policy}",
+        f"ppo-{memory}",
         [
             {"metric": k, "value": v}
             for k, v in result["metrics"].items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)
         ],
-        f"PPO ({policy}) in {out}",
+        f"PPO ({memory}) in {out}",
     )
     return result
 
@@ -92,7 +101,7 @@ def train_sft_arm(
     from mem1_core.training.ray_runtime import resolve_init
     from mem1_core.training.sft import train_sft
 
-    cfg = _with_policy(build_config(profile, config_path, overrides), "mem1")
+    cfg = _with_memory(build_config(profile, config_path, overrides), "mem1")
     root = Path(run_dir)
     return train_sft(
         cfg,

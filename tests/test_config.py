@@ -44,21 +44,23 @@ def test_gpu_training_fields_of_issue_7():
     tiny, paper = load_config("tiny"), load_config("paper")
     assert (tiny.model.gradient_checkpointing, tiny.model.seq_bucket) == (False, 1)
     assert paper.model.attn == "flex_attention" and paper.model.gradient_checkpointing
-    assert paper.model.seq_bucket == 128 and paper.ppo.learner_strategy == "single"
+    assert paper.model.seq_bucket == 128 and paper.resources.learner_strategy == "single"
     # The bucket follows the attention unless set: 128 (the BlockMask block) under flex.
     assert load_config("tiny", None, ["model.attn=flex_attention"]).model.seq_bucket == 128
     assert load_config("paper", None, ["model.seq_bucket=64"]).model.seq_bucket == 64
-    fsdp = load_config("paper", None, ["ppo.learner_strategy=fsdp", "ppo.learner_gpus=4"])
-    assert fsdp.ppo.learner_strategy == "fsdp"
+    fsdp = load_config(
+        "paper", None, ["resources.learner_strategy=fsdp", "resources.learner_gpus=4"]
+    )
+    assert fsdp.resources.learner_strategy == "fsdp"
 
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
         (["model.seq_bucket=0"], "seq_bucket"),
-        (["ppo.learner_strategy=ddp"], "single or fsdp"),
-        (["ppo.learner_strategy=fsdp", "ppo.learner_gpus=0"], "whole number >= 1"),
-        (["ppo.learner_strategy=fsdp", "ppo.learner_gpus=1.5"], "whole number >= 1"),
+        (["resources.learner_strategy=ddp"], "single or fsdp"),
+        (["resources.learner_strategy=fsdp", "resources.learner_gpus=0"], "whole number >= 1"),
+        (["resources.learner_strategy=fsdp", "resources.learner_gpus=1.5"], "whole number >= 1"),
     ],
 )
 def test_gpu_training_fields_reject_bad_values(overrides, message):
@@ -79,3 +81,25 @@ def test_rollout_backend():
         load_config("tiny", None, ["rollout.backend=sglang"])
     with pytest.raises(ValueError, match="gpu_memory_utilization"):
         load_config("tiny", None, ["rollout.gpu_memory_utilization=0"])
+
+
+def test_profiles_are_the_yaml_files_in_data_profiles():
+    from mem1_core.config import profile_names
+    from mem1_core.config.loader import PROFILES_DIR
+
+    assert PROFILES_DIR.parts[-2:] == ("data", "profiles")
+    assert {"tiny", "smoke", "paper"} <= set(profile_names())
+
+
+def test_renamed_fields_still_load_with_a_deprecation_warning(tmp_path):
+    with pytest.warns(DeprecationWarning, match=r"rollout.policy is now rollout.memory"):
+        cfg = load_config("tiny", None, ["rollout.policy=full"])
+    assert cfg.rollout.memory == "full"
+    path = tmp_path / "old.yaml"
+    path.write_text("ppo:\n  num_rollout_workers: 3\n  learner_gpus: 0\n  actor_lr: 0.5\n")
+    with pytest.warns(DeprecationWarning, match=r"ppo.num_rollout_workers is now resources"):
+        cfg = load_config("tiny", path)
+    assert cfg.resources.num_rollout_workers == 3 and cfg.ppo.actor_lr == 0.5
+    with pytest.raises(ValueError, match="keep resources.learner_cpus"):
+        with pytest.warns(DeprecationWarning):
+            load_config("tiny", None, ["ppo.learner_cpus=2", "resources.learner_cpus=3"])

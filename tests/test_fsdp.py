@@ -139,7 +139,7 @@ def test_two_fsdp_ranks_give_the_unsharded_gradient_step_and_weights():
 # ---- the learner group ---------------------------------------------------------------------
 
 GROUP = [
-    "ppo.learner_cpus=1",  # one torch thread per rank
+    "resources.learner_cpus=1",  # one torch thread per rank
     "ppo.minibatch_size=4",
     "ppo.micro_batch_size=1",  # 5 trajectories: uneven shares, and rank 1 runs stand-ins
     "ppo.ppo_epochs=1",
@@ -151,7 +151,7 @@ GROUP = [
     "rollout.gen_tokens_per_objective=2",
     "data.max_eval_tasks=2",
 ]
-FSDP = ["ppo.learner_strategy=fsdp", "ppo.learner_ranks=2"]
+FSDP = ["resources.learner_strategy=fsdp", "resources.learner_ranks=2"]
 
 
 def _config(*extra: str):
@@ -166,7 +166,7 @@ def ray_session():
     ray = pytest.importorskip("ray")
     from mem1_core.training.ray_runtime import start_ray
 
-    owns = start_ray(_config(*FSDP).ppo)
+    owns = start_ray(_config(*FSDP).resources)
     yield
     if owns:
         ray.shutdown()
@@ -326,14 +326,21 @@ def test_impossible_fsdp_settings_fail_with_the_way_out(tmp_path):
     from mem1_core.training.ray_runtime import Runtime
 
     cfg = load_config("smoke", None, FSDP)
-    assert cfg.ppo.learner_world == 2 and load_config("smoke").ppo.learner_world == 1
+    assert cfg.resources.learner_world == 2 and load_config("smoke").resources.learner_world == 1
     with pytest.raises(ValueError, match="Ray"):
         Runtime.start(cfg, RunPaths(tmp_path), init=None, estimator="gae", use_ray=False)
     for overrides, message in (
-        (["ppo.learner_strategy=fsdp", "ppo.learner_gpus=1"], "one rank"),
-        (["ppo.learner_strategy=fsdp", "ppo.learner_ranks=1"], "one rank"),
-        (["ppo.learner_strategy=fsdp", "ppo.learner_gpus=4", "ppo.learner_ranks=2"], "one GPU"),
-        (["ppo.learner_ranks=2"], "learner_strategy=fsdp"),
+        (["resources.learner_strategy=fsdp", "resources.learner_gpus=1"], "one rank"),
+        (["resources.learner_strategy=fsdp", "resources.learner_ranks=1"], "one rank"),
+        (
+            [
+                "resources.learner_strategy=fsdp",
+                "resources.learner_gpus=4",
+                "resources.learner_ranks=2",
+            ],
+            "one GPU",
+        ),
+        (["resources.learner_ranks=2"], "learner_strategy=fsdp"),
     ):
         with pytest.raises(ValueError, match=message):
             load_config("smoke", None, overrides)

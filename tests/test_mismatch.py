@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from mem1_core.rl.ppo import make_rollout_batch
-from mem1_core.rollout.memory import get_policy
+from mem1_core.rollout.memory import get_memory
 from mem1_core.trajectory.mismatch import rollout_logprob_mismatch, turn_logprob_mismatch
 from mem1_core.trajectory.record import Action, Trajectory, Turn
 
 
 def make_trajectories(policy: str, n: int, seed: int) -> list[Trajectory]:
     rng = random.Random(seed)
-    context_of = get_policy(policy)
+    context_of = get_memory(policy)
     opts = {"is_open_id": 7, "truncate_turns": 1}
     trajs = []
     for i in range(n):

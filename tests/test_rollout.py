@@ -52,7 +52,7 @@ def rollouts(model, env, small_tasks, small_tokenizer):
     backend = HFBackend(model, small_tokenizer.pad_token_id, small_tokenizer.eos_token_id)
     out = {}
     for policy in ("mem1", "full", "truncate"):
-        cfg = dataclasses.replace(CFG, policy=policy, truncate_turns=1)
+        cfg = dataclasses.replace(CFG, memory=policy, truncate_turns=1)
         out[policy] = rollout(
             small_tasks[:5],
             backend,
@@ -127,7 +127,7 @@ def test_mem1_context_stays_bounded_as_turns_grow(model, env, small_tasks, small
     bound = prompt + cfg.max_new_tokens(2) + max(len(t.info_ids) for t in traj.turns)
     assert all(t.context_tokens <= bound for t in traj.turns)
     full = rollout(
-        small_tasks[:1], backend, env, dataclasses.replace(cfg, policy="full"), greedy=True
+        small_tasks[:1], backend, env, dataclasses.replace(cfg, memory="full"), greedy=True
     )[0]
     assert full.turns[-1].context_tokens > 2 * traj.turns[-1].context_tokens
 

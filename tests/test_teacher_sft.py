@@ -45,7 +45,7 @@ def test_teacher_plays_the_format_well_under_both_policies(
 
     table, _ = compose(world_questions(small_world.questions).table, n, split="test")
     tasks = tasks_from_table(table)[:8]
-    trajs = rollout(tasks, ScriptedTeacher(small_tokenizer, tasks), env, CFG, policy=policy)
+    trajs = rollout(tasks, ScriptedTeacher(small_tokenizer, tasks), env, CFG, memory=policy)
     assert all(t.format_errors == 0 and t.done for t in trajs)
     assert sum(t.reward for t in trajs) / len(trajs) >= 0.9  # retrieval may miss a document
     for t in trajs:
@@ -55,7 +55,7 @@ def test_teacher_plays_the_format_well_under_both_policies(
 
 def test_teacher_state_carries_forward_what_it_found(small_tasks, small_tokenizer, env):
     tasks = small_tasks[:6]
-    trajs = rollout(tasks, ScriptedTeacher(small_tokenizer, tasks), env, CFG, policy="mem1")
+    trajs = rollout(tasks, ScriptedTeacher(small_tokenizer, tasks), env, CFG, memory="mem1")
     for t in trajs:
         last_state = t.turns[-1].gen_text.split("</IS>")[0]
         for i, em in enumerate(t.em):
@@ -69,7 +69,7 @@ def test_teacher_actions_use_the_same_tokens_as_the_documents(small_tasks, small
     from mem1_core.data.prompts import split_answers
 
     tasks = small_tasks[:8]
-    trajs = rollout(tasks, ScriptedTeacher(small_tokenizer, tasks), env, CFG, policy="mem1")
+    trajs = rollout(tasks, ScriptedTeacher(small_tokenizer, tasks), env, CFG, memory="mem1")
     checked = 0
     for t in trajs:
         for turn in t.turns:
@@ -106,9 +106,9 @@ def test_a_forgetful_teacher_answers_what_it_moved_on_from_with_a_question_mark(
 
     table, _ = compose(world_questions(small_world.questions).table, n, split="train")
     tasks = tasks_from_table(table)[:12]
-    good = rollout(tasks, ScriptedTeacher(small_tokenizer, tasks), env, CFG, policy="mem1")
+    good = rollout(tasks, ScriptedTeacher(small_tokenizer, tasks), env, CFG, memory="mem1")
     bad = rollout(
-        tasks, ScriptedTeacher(small_tokenizer, tasks, forget_rate=1.0), env, CFG, policy="mem1"
+        tasks, ScriptedTeacher(small_tokenizer, tasks, forget_rate=1.0), env, CFG, memory="mem1"
     )
     for g, b in zip(good, bad, strict=True):
         assert [t.query for t in b.turns] == [t.query for t in g.turns]  # same lookups
@@ -142,7 +142,7 @@ def test_forgetting_is_a_fixed_draw_per_trajectory_and_objective(small_tasks, sm
 def test_sft_loss_is_the_mean_nll_of_generated_tokens_in_their_real_contexts(
     small_tasks, small_tokenizer, env
 ):
-    trajs = teacher_trajectories(small_tasks[:3], small_tokenizer, env, CFG, policy="mem1")
+    trajs = teacher_trajectories(small_tasks[:3], small_tokenizer, env, CFG, memory="mem1")
     model = small_model(small_tokenizer)
     trees = [flatten(turn_paths(t)) for t in trajs]
     with torch.no_grad():
@@ -160,7 +160,7 @@ def test_context_loss_is_the_plain_language_model_loss_on_environment_tokens(
     token but the first). Unflagged rows add nothing."""
     import torch.nn.functional as F
 
-    trajs = teacher_trajectories(small_tasks[:3], small_tokenizer, env, CFG, policy="full")
+    trajs = teacher_trajectories(small_tasks[:3], small_tokenizer, env, CFG, memory="full")
     model = small_model(small_tokenizer)
     trees = [flatten(turn_paths(t)) for t in trajs]
     flags = [True, False, True]
@@ -211,8 +211,8 @@ def test_teacher_worlds_are_fresh_and_train_only(small_world_config, tmp_path):
 
 
 def test_sft_lowers_the_loss_on_teacher_trajectories(small_tasks, small_tokenizer, env):
-    cfg = dataclasses.replace(CFG, policy="mem1")
-    trajs = teacher_trajectories(small_tasks[:16], small_tokenizer, env, cfg, policy="mem1")
+    cfg = dataclasses.replace(CFG, memory="mem1")
+    trajs = teacher_trajectories(small_tasks[:16], small_tokenizer, env, cfg, memory="mem1")
     model = small_model(small_tokenizer)
     trees = [flatten(turn_paths(t)) for t in trajs]
     with torch.no_grad():

@@ -96,7 +96,7 @@ def test_runs_inside_reuse_actors_share_the_actors_and_train_as_fresh_ones(
     monkeypatch.setenv("WANDB_MODE", "disabled")
     one = [*OVERRIDES, "ppo.iterations=1"]
     mem1 = load_config("smoke", overrides=one)
-    full = load_config("smoke", overrides=[*one, "rollout.policy=full"])
+    full = load_config("smoke", overrides=[*one, "rollout.memory=full"])
     fresh = train_rl(full, tmp_path / "fresh", use_ray=True, show=False)
     assert not ray.is_initialized()  # outside the pool a run stops what it started
     with actor_pool.reuse_actors():

@@ -301,7 +301,7 @@ def test_greedy_rollout_equals_the_hf_rollout(backend, hf, env, small_tasks):
     from mem1_core.rollout.loop import rollout
 
     for policy in ("mem1", "full"):
-        cfg = dataclasses.replace(ROLLOUT, policy=policy)
+        cfg = dataclasses.replace(ROLLOUT, memory=policy)
         got = rollout(small_tasks[:3], backend, env, cfg, greedy=True)
         ref = rollout(small_tasks[:3], hf, env, cfg, greedy=True)
         a = [t.gen_ids for tr in got for t in tr.turns]
@@ -319,7 +319,7 @@ def test_sampled_rollout_records_the_learners_logprobs(backend, model, env, smal
     from mem1_core.trajectory.mismatch import rollout_logprob_mismatch
     from mem1_core.trajectory.record import turn_paths
 
-    cfg = dataclasses.replace(ROLLOUT, policy=policy, truncate_turns=1, temperature=0.7)
+    cfg = dataclasses.replace(ROLLOUT, memory=policy, truncate_turns=1, temperature=0.7)
     trajs = rollout(
         small_tasks[:4],
         backend,

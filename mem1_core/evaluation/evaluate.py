@@ -40,13 +40,13 @@ def evaluate_policy(
     tasks: list[Task],
     rollout_cfg,
     *,
-    policy: str,
+    memory: str,
     backend=None,
     progress: bool = False,
 ) -> dict:
     """Greedy rollout of `tasks` (one N or several) and their summary metrics."""
     trajs, seconds = run_eval(
-        model, tokenizer, env, tasks, rollout_cfg, policy=policy, backend=backend, progress=progress
+        model, tokenizer, env, tasks, rollout_cfg, memory=memory, backend=backend, progress=progress
     )
     return summarize(trajs, seconds)
 
@@ -58,7 +58,7 @@ def run_eval(
     tasks: list[Task],
     rollout_cfg,
     *,
-    policy: str,
+    memory: str,
     backend=None,
     progress: bool = False,
 ) -> tuple[list[Trajectory], float]:
@@ -69,7 +69,7 @@ def run_eval(
     if model is not None:
         model.eval()
     t0 = time.perf_counter()
-    trajs = rollout(tasks, backend, env, rollout_cfg, policy=policy, greedy=True, progress=progress)
+    trajs = rollout(tasks, backend, env, rollout_cfg, memory=memory, greedy=True, progress=progress)
     seconds = time.perf_counter() - t0
     if was_training:
         model.train()

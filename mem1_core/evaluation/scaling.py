@@ -26,7 +26,7 @@ class Agent:
     """One row family of the table: a model (or the teacher) under a memory policy."""
 
     name: str
-    policy: str
+    memory: str
     model: object | None  # a causal LM; None with `backend` (the scripted teacher)
     backend: object | None = None
 
@@ -53,7 +53,7 @@ def evaluate_scaling(
                 env,
                 tasks,
                 rollout_cfg,
-                policy=agent.policy,
+                memory=agent.memory,
                 backend=agent.backend,
                 progress=progress,
             )
@@ -61,7 +61,8 @@ def evaluate_scaling(
             rows.append(
                 {
                     "agent": agent.name,
-                    "policy": agent.policy,
+                    "memory": agent.memory,
+                    "policy": agent.memory,  # the column's old name, for one release
                     "n_objectives": n,
                     **summarize(trajs, seconds),
                 }

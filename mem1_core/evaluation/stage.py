@@ -38,7 +38,7 @@ def run_objective_scaling(
     out = Path(out_dir)
     table = evaluate_scaling(built, tok, env, tasks_by_n, cfg.rollout, out, progress=progress)
     plots = scaling_plots(table, out)
-    names = {a.name: a.policy for a in built}
+    names = {a.name: a.memory for a in built}
     mem1 = next((n for n in names if n.startswith("mem1")), None)
     full = next((n for n, p in names.items() if p == "full"), None)
     rat = ratios(table, mem1, full) if mem1 and full else {}

@@ -20,7 +20,7 @@ from mem1_core.config import RolloutConfig
 from mem1_core.data.prompts import IS_OPEN
 from mem1_core.rollout.env import FORMAT_HINT, QAEnvironment, format_passages
 from mem1_core.rollout.generation import GenerationBackend, SamplingParams
-from mem1_core.rollout.memory import get_policy
+from mem1_core.rollout.memory import get_memory
 from mem1_core.trajectory.record import Action, Trajectory, Turn
 
 
@@ -50,7 +50,7 @@ def rollout(
     env: QAEnvironment,
     cfg: RolloutConfig,
     *,
-    policy: str | None = None,
+    memory: str | None = None,
     greedy: bool = False,
     samples_per_task: int = 1,
     generator: torch.Generator | None = None,
@@ -58,8 +58,8 @@ def rollout(
 ) -> list[Trajectory]:
     """Run every task to the end (an answer, or the turn budget) and return trajectories,
     `samples_per_task` per task (a GRPO group), in task order."""
-    policy = policy or cfg.policy
-    context_of = get_policy(policy)
+    memory = memory or cfg.memory
+    context_of = get_memory(memory)
     opts = {"is_open_id": env.tags[IS_OPEN], "truncate_turns": cfg.truncate_turns}
     trajs: list[Trajectory] = []
     for g, task in enumerate(tasks):
@@ -68,7 +68,7 @@ def rollout(
             trajs.append(
                 Trajectory(
                     task.task_id,
-                    policy,
+                    memory,
                     list(prompt_ids),
                     task.golden_answers,
                     group=g,
@@ -78,7 +78,7 @@ def rollout(
             )
     temperature = 0.0 if greedy else cfg.temperature
     bar = tqdm(
-        total=len(trajs), desc=f"rollout[{policy}]", unit="traj", disable=not progress, leave=False
+        total=len(trajs), desc=f"rollout[{memory}]", unit="traj", disable=not progress, leave=False
     )
     live = list(range(len(trajs)))
     while live:

@@ -57,7 +57,7 @@ MEMORY_POLICIES: dict[str, MemoryPolicy] = {
 }
 
 
-def get_policy(name: str) -> MemoryPolicy:
+def get_memory(name: str) -> MemoryPolicy:
     if name not in MEMORY_POLICIES:
         raise ValueError(f"unknown memory policy {name!r}; choose one of {sorted(MEMORY_POLICIES)}")
     return MEMORY_POLICIES[name]

@@ -1,6 +1,6 @@
 """Reuse a finished training run's Ray actors for the next run of the same shape.
 
-A training run on Ray starts a rollout worker per `ppo.num_rollout_workers`, a learner and a
+A training run on Ray starts a rollout worker per `resources.num_rollout_workers`, a learner and a
 retriever, each a process that imports torch and transformers before it can do anything:
 about 30 s on a 2-core laptop, against 4 s of training in the `smoke` profile. The `mem1`
 pipeline trains two PPO agents one after the other (the `mem1` and `full` memory policies),

@@ -4,7 +4,7 @@ What is here: sharding the policy (as a `TreeLM`) and the critic over a device m
 FSDP2 (`torch.distributed.fsdp.fully_shard`) so that `forward_tree` and `Critic.forward`
 run on the shards and their gradients, summed over ranks, are the unsharded model's
 (tests/test_fsdp.py: 2 ranks on CPU/gloo); full state dicts out of the shards; and each
-rank's share of a minibatch. The trainer's side (`ppo.learner_strategy=fsdp`: Ray actors
+rank's share of a minibatch. The trainer's side (`resources.learner_strategy=fsdp`: Ray actors
 forming the process group, the PPO update split over ranks, weight sync and checkpoints)
 is mem1_core.training.fsdp_learner, wired as the notes at the end of this docstring say.
 

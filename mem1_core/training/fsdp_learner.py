@@ -1,6 +1,6 @@
-"""The FSDP learner group: `ppo.learner_strategy=fsdp`.
+"""The FSDP learner group: `resources.learner_strategy=fsdp`.
 
-`ppo.learner_world` ranks, each a Ray actor (`LearnerRank`) holding one shard of the policy,
+`resources.learner_world` ranks, each a Ray actor (`LearnerRank`) holding one shard of the policy,
 the frozen reference and the critic (mem1_core.training.fsdp), form one torch.distributed group
 (NCCL on CUDA, gloo on CPU). Rank 0 opens the group's TCP store on a free port of its node
 and hands the address to the others (`start_learner_group`). The driver
@@ -339,7 +339,7 @@ class LearnerRank:
         shard and set up the optimisers."""
         if self._store is None:
             self._store = dist.TCPStore(host, port, self.me.world, is_master=False)
-        cuda = self.cfg.ppo.learner_gpus > 0 and torch.cuda.is_available()
+        cuda = self.cfg.resources.learner_gpus > 0 and torch.cuda.is_available()
         if cuda:
             torch.cuda.set_device(0)  # Ray shows an actor its own GPU only
         self.device = torch.device("cuda", 0) if cuda else torch.device("cpu")
@@ -532,25 +532,27 @@ def _check_resumable(ckpt: Path, state: TrainState, estimator: str) -> None:
     if strategy != STRATEGY:
         raise ValueError(
             f"{ckpt} was saved by the {strategy!r} learner, whose optimiser state is not "
-            f"laid out for ppo.learner_strategy={STRATEGY}: resume it with "
-            f"ppo.learner_strategy={strategy}, or start a new run from its weights (--init)"
+            f"laid out for resources.learner_strategy={STRATEGY}: resume it with "
+            f"resources.learner_strategy={strategy}, or start a new run from its weights (--init)"
         )
 
 
 def start_learner_group(cfg: Config, run_root: str, init: str | None, estimator: str) -> list[Any]:
-    """Start `cfg.ppo.learner_world` LearnerRank actors (each asking for `learner_cpus` CPUs
+    """Start `cfg.resources.learner_world` LearnerRank actors (each asking for `learner_cpus` CPUs
     and one GPU when the learner has GPUs), form their process group and load the models.
     -> the actors, rank 0 first. Ray must be running (mem1_core.training.ray_runtime.start_ray)."""
     import ray
 
-    ppo = cfg.ppo
-    world = ppo.learner_world
-    if ppo.learner_strategy != STRATEGY or world < 2:
-        raise ValueError("start_learner_group needs ppo.learner_strategy=fsdp with >= 2 ranks")
+    resources = cfg.resources
+    world = resources.learner_world
+    if resources.learner_strategy != STRATEGY or world < 2:
+        raise ValueError(
+            "start_learner_group needs resources.learner_strategy=fsdp with >= 2 ranks"
+        )
     rank_cls = ray.remote(LearnerRank).options(
-        num_cpus=ppo.learner_cpus, num_gpus=ppo.learner_gpus / world
+        num_cpus=resources.learner_cpus, num_gpus=resources.learner_gpus / world
     )
-    threads = max(1, int(ppo.learner_cpus))
+    threads = max(1, int(resources.learner_cpus))
     ranks = [
         rank_cls.remote(cfg, run_root, init, estimator, r, world, threads) for r in range(world)
     ]

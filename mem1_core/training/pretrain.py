@@ -111,7 +111,7 @@ def build_source(cfg, tok, root: Path, seed: int, pcfg) -> Source:
         table, _ = compose(questions, n, "per_source", seed, None, shuffle=True)
         tasks = tasks_from_table(table)[: pcfg.tasks_per_world]
         for memory in pcfg.memories:
-            trajs = teacher_trajectories(tasks, tok, env, cfg.rollout, policy=memory, seed=seed)
+            trajs = teacher_trajectories(tasks, tok, env, cfg.rollout, memory=memory, seed=seed)
             for t in trajs:
                 if t.turns:
                     trees.append(flatten(turn_paths(t)))
@@ -203,7 +203,7 @@ def held_out(model, tok, cfg, root: Path, seeds: tuple[int, ...], ns: tuple[int,
             paths = RunPaths(root / f"seed{seed}")
             env = make_env(wcfg, paths, tok)
             trajs, _ = run_eval(
-                model, tok, env, load_tasks(wcfg, paths, "test", n), cfg.rollout, policy="mem1"
+                model, tok, env, load_tasks(wcfg, paths, "test", n), cfg.rollout, memory="mem1"
             )
             rewards += [t.reward for t in trajs]
         mean = sum(rewards) / len(rewards)

@@ -7,7 +7,7 @@
   iteration's tasks.
 - `Learner`: policy, frozen reference, critic and optimisers; `update(trajectories)` is
   mem1_core.rl.ppo.update; `get_weights()` hands the policy's weights out on CPU. Under
-  `ppo.learner_strategy=fsdp` the learner is a group of ranks instead
+  `resources.learner_strategy=fsdp` the learner is a group of ranks instead
   (mem1_core.training.fsdp_learner.LearnerRank, same methods): `Runtime` calls every rank alike
   (each call is a collective) and keeps rank 0's answer.
 - the retriever: mem1_core.retrieval.ray_actor.RetrieverActor, one per run.
@@ -16,7 +16,7 @@ Weights go learner -> workers through the Ray object store: the driver passes th
 ObjectRef that `get_weights` returned (Ray already stored the result there) to every
 worker, so the weights never pass through the driver. On a laptop everything shares one
 local Ray with CPU resources; the resource requests come from `PPOConfig`, so the same
-code asks for GPUs on a cluster (`ppo.ray_address`). An actor whose GPU request is > 0
+code asks for GPUs on a cluster (`resources.ray_address`). An actor whose GPU request is > 0
 puts its models on CUDA (when CUDA is there) in `model.dtype`; rollout workers generate
 with sdpa even when the learner trains with FlexAttention (`model.attn`).
 
@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from mem1_core.config import Config, PPOConfig
+from mem1_core.config import Config, ResourcesConfig
 from mem1_core.models.model import (
     enable_gradient_checkpointing,
     load_model,
@@ -213,7 +213,7 @@ class RolloutWorker:
         require_vllm(cfg)
         paths = RunPaths(Path(run_root))
         self.cfg = cfg
-        self.device = _device(cfg.ppo.gpus_per_worker)
+        self.device = _device(cfg.resources.gpus_per_worker)
         tok = ensure_tokenizer(cfg, paths)
         init_dir = None if init is None else Path(init)
         if cfg.rollout.backend == "vllm":
@@ -313,7 +313,7 @@ class Learner:
         hf_logging.disable_progress_bar()  # one "Writing model shards" bar per checkpoint
         self.cfg, self.estimator = cfg, estimator
         self.paths = RunPaths(Path(run_root))
-        self.device = _device(cfg.ppo.learner_gpus)
+        self.device = _device(cfg.resources.learner_gpus)
         self.tokenizer = ensure_tokenizer(cfg, self.paths)
         init_dir = None if init is None else Path(init)
         policy = _load_policy(cfg, self.tokenizer, init_dir, self.device)
@@ -389,7 +389,7 @@ class Learner:
         if strategy != "single":  # its optimiser state is keyed by name, not by position
             raise ValueError(
                 f"{path} was saved by the {strategy!r} learner: resume it with "
-                f"ppo.learner_strategy={strategy}, or start a new run from its weights (--init)"
+                f"resources.learner_strategy={strategy}, or start a new run from its weights (--init)"
             )
         self.guard.total = int(state.extra.get("nonfinite_total", 0))
         self.guard.in_row = int(state.extra.get("nonfinite_in_row", 0))
@@ -399,8 +399,8 @@ class Learner:
 # ---- the driver's view ---------------------------------------------------------------------
 
 
-def start_ray(ppo: PPOConfig, *, log_to_driver: bool = False) -> bool:
-    """Connect to `ppo.ray_address`, or start a private local Ray sized for the actors.
+def start_ray(resources: ResourcesConfig, *, log_to_driver: bool = False) -> bool:
+    """Connect to `resources.ray_address`, or start a private local Ray sized for the actors.
     Returns True if this call started (and so should shut down) Ray."""
     import ray
 
@@ -410,15 +410,17 @@ def start_ray(ppo: PPOConfig, *, log_to_driver: bool = False) -> bool:
     # Under `uv run`, Ray would rebuild the venv in every worker; the package is installed.
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if ppo.ray_address:
-        ray.init(address=ppo.ray_address, log_to_driver=log_to_driver, configure_logging=False)
+    if resources.ray_address:
+        ray.init(
+            address=resources.ray_address, log_to_driver=log_to_driver, configure_logging=False
+        )
     else:
         # A private cluster living as long as this run, on localhost, dashboard off: token
         # auth (Ray's default) would only write a token file. Set RAY_AUTH_MODE to override.
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         need = (
-            ppo.num_rollout_workers * ppo.cpus_per_worker
-            + ppo.learner_world * ppo.learner_cpus
+            resources.num_rollout_workers * resources.cpus_per_worker
+            + resources.learner_world * resources.learner_cpus
             + RETRIEVER_CPUS
         )
         ray.init(
@@ -428,10 +430,10 @@ def start_ray(ppo: PPOConfig, *, log_to_driver: bool = False) -> bool:
             configure_logging=False,
         )
     gpus = ray.cluster_resources().get("GPU", 0.0)
-    if max(ppo.gpus_per_worker, ppo.learner_gpus) > gpus:
+    if max(resources.gpus_per_worker, resources.learner_gpus) > gpus:
         ray.shutdown()
         raise ValueError(
-            f"ppo.gpus_per_worker={ppo.gpus_per_worker} / ppo.learner_gpus={ppo.learner_gpus} "
+            f"resources.gpus_per_worker={resources.gpus_per_worker} / resources.learner_gpus={resources.learner_gpus} "
             f"but the Ray cluster has {gpus:g} GPUs; set them to 0 on a CPU machine"
         )
     return True
@@ -444,15 +446,15 @@ def _reuse_key(cfg: Config, index: Path | None) -> tuple:
     has its own copy of the same index)."""
     from mem1_core.retrieval.base import read_manifest
 
-    ppo = cfg.ppo
+    resources = cfg.resources
     corpus = None if index is None else read_manifest(index).corpus_fingerprint
     return (
-        ppo.num_rollout_workers,
-        ppo.cpus_per_worker,
-        ppo.gpus_per_worker,
-        ppo.learner_cpus,
-        ppo.learner_gpus,
-        ppo.ray_address,
+        resources.num_rollout_workers,
+        resources.cpus_per_worker,
+        resources.gpus_per_worker,
+        resources.learner_cpus,
+        resources.learner_gpus,
+        resources.ray_address,
         cfg.rollout.backend,
         cfg.model.name_or_path,
         cfg.retrieval.kind,
@@ -491,17 +493,19 @@ class Runtime:
         log_to_driver: bool = False,
     ) -> Runtime:
         init_s = None if init is None else str(init)
-        ppo, root = cfg.ppo, str(paths.root)
-        fsdp = ppo.learner_strategy == "fsdp"
+        resources, root = cfg.resources, str(paths.root)
+        fsdp = resources.learner_strategy == "fsdp"
         if fsdp and not use_ray:
             raise ValueError(
-                "ppo.learner_strategy=fsdp runs each learner rank as a Ray actor: run with Ray "
-                "(drop --no-ray), or use ppo.learner_strategy=single"
+                "resources.learner_strategy=fsdp runs each learner rank as a Ray actor: run with Ray "
+                "(drop --no-ray), or use resources.learner_strategy=single"
             )
         cfg = resolve_backend(cfg)
         require_vllm(cfg)  # here, not as an actor's constructor error after Ray has started
         if not use_ray:
-            workers = [RolloutWorker(cfg, root, init_s) for _ in range(ppo.num_rollout_workers)]
+            workers = [
+                RolloutWorker(cfg, root, init_s) for _ in range(resources.num_rollout_workers)
+            ]
             return cls(workers, [Learner(cfg, root, init_s, estimator)], remote=False)
         import ray
 
@@ -522,17 +526,17 @@ class Runtime:
                     "parked Ray actors could not be reset; starting new ones", exc_info=True
                 )
                 parked.shutdown(park=False)
-        owns = start_ray(ppo, log_to_driver=log_to_driver)
+        owns = start_ray(resources, log_to_driver=log_to_driver)
         retriever = None
         if index is not None:  # else an HTTP retriever is already shared
             retriever = start_retriever_actor(index, num_cpus=RETRIEVER_CPUS)
         worker_cls = ray.remote(RolloutWorker).options(
-            num_cpus=ppo.cpus_per_worker, num_gpus=ppo.gpus_per_worker
+            num_cpus=resources.cpus_per_worker, num_gpus=resources.gpus_per_worker
         )
-        threads = max(1, int(ppo.cpus_per_worker))
+        threads = max(1, int(resources.cpus_per_worker))
         workers = [
             worker_cls.remote(cfg, root, init_s, retriever, threads)
-            for _ in range(ppo.num_rollout_workers)
+            for _ in range(resources.num_rollout_workers)
         ]
         runtime = cls(workers, [], remote=True, owns_ray=owns, retriever=retriever)
         runtime.reuse_key = key
@@ -544,8 +548,8 @@ class Runtime:
             else:
                 learner = (
                     ray.remote(Learner)
-                    .options(num_cpus=ppo.learner_cpus, num_gpus=ppo.learner_gpus)
-                    .remote(cfg, root, init_s, estimator, max(1, int(ppo.learner_cpus)))
+                    .options(num_cpus=resources.learner_cpus, num_gpus=resources.learner_gpus)
+                    .remote(cfg, root, init_s, estimator, max(1, int(resources.learner_cpus)))
                 )
                 runtime.learners = [learner]
         except BaseException:
@@ -626,13 +630,13 @@ class Runtime:
     def reset(self, cfg: Config, root: str, init: str | None, estimator: str) -> None:
         """Reuse these actors for another run: each runs its constructor again with the new
         run's config, directory and policy (the retriever serves the same corpus: the key)."""
-        ppo = cfg.ppo
+        resources = cfg.resources
         workers = [
-            w.reset.remote(cfg, root, init, self.retriever, max(1, int(ppo.cpus_per_worker)))
+            w.reset.remote(cfg, root, init, self.retriever, max(1, int(resources.cpus_per_worker)))
             for w in self.workers
         ]
         learners = [
-            r.reset.remote(cfg, root, init, estimator, max(1, int(ppo.learner_cpus)))
+            r.reset.remote(cfg, root, init, estimator, max(1, int(resources.learner_cpus)))
             for r in self.learners
         ]
         self._get_all([*workers, *learners])

@@ -33,7 +33,7 @@ def teacher_trajectories(
     env,
     rollout_cfg,
     *,
-    policy: str,
+    memory: str,
     error_rate: float = 0.0,
     forget_rate: float = 0.0,
     seed: int = 0,
@@ -41,7 +41,7 @@ def teacher_trajectories(
     teacher = ScriptedTeacher(
         tokenizer, tasks, error_rate=error_rate, forget_rate=forget_rate, seed=seed
     )
-    return rollout(tasks, teacher, env, rollout_cfg, policy=policy)
+    return rollout(tasks, teacher, env, rollout_cfg, memory=memory)
 
 
 def sft_loss(
@@ -189,7 +189,7 @@ def train_sft(
     out_dir: str | Path,
     *,
     objectives: int | None = None,
-    policy: str | None = None,
+    memory: str | None = None,
     minutes: float | None = None,
     steps: int | None = None,
     init: str | Path | None = None,
@@ -235,7 +235,7 @@ def train_sft(
         if warm_start
         else (cfg.data.train_objectives,)
     )
-    policy = policy or cfg.rollout.policy
+    memory = memory or cfg.rollout.memory
     sources = [(cfg, paths, env)]
     if cfg.data.source == "world":
         for k in range(cfg.sft.teacher_worlds):
@@ -252,7 +252,7 @@ def train_sft(
             tok,
             src_env,
             cfg.rollout,
-            policy=policy,
+            memory=memory,
             error_rate=cfg.teacher.error_rate,
             forget_rate=cfg.teacher.forget_rate,
             seed=cfg.teacher.seed + k,
@@ -262,7 +262,7 @@ def train_sft(
     eval_tasks = load_tasks(cfg, paths, "test", ns[-1])[:32]
 
     def eval_fn() -> dict:
-        m = evaluate_policy(model, tok, env, eval_tasks, cfg.rollout, policy=policy)
+        m = evaluate_policy(model, tok, env, eval_tasks, cfg.rollout, memory=memory)
         return {"eval_reward": m["em_frac"], "eval_format_error_rate": m["format_error_rate"]}
 
     lines: list[str] = []
@@ -303,7 +303,8 @@ def train_sft(
     summary = {
         "objectives": list(ns),
         "eval_objectives": ns[-1],
-        "policy": policy,
+        "memory": memory,
+        "policy": memory,  # the key's old name, for one release
         "teacher_trajectories": len(trajs),
         "teacher_worlds": len(sources),
         "teacher_reward": sum(t.reward for t in trajs) / len(trajs),

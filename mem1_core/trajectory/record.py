@@ -66,7 +66,8 @@ class Turn:
 @dataclass
 class Trajectory:
     task_id: str
-    policy: str
+    memory: str
+    """The memory policy that built its contexts (Parquet column `policy`)."""
     prompt_ids: list[int]
     golden_answers: list[list[str]]
     turns: list[Turn] = field(default_factory=list)
@@ -191,7 +192,7 @@ def to_table(trajs: list[Trajectory]) -> pa.Table:
         rows.append(
             {
                 "task_id": tr.task_id,
-                "policy": tr.policy,
+                "policy": tr.memory,
                 "group": tr.group,
                 "sample": tr.sample,
                 "n_objectives": tr.n_objectives,
@@ -259,7 +260,7 @@ def from_table(table: pa.Table) -> list[Trajectory]:
         out.append(
             Trajectory(
                 task_id=r["task_id"],
-                policy=r["policy"],
+                memory=r["policy"],
                 prompt_ids=r["prompt_ids"],
                 golden_answers=r["golden_answers"],
                 turns=turns,

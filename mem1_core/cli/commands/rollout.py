@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--memory",
         default=None,
         choices=["mem1", "full", "truncate"],
-        help="memory policy (default: rollout.policy)",
+        help="memory policy (default: rollout.memory)",
     )
     p.add_argument("-n", "--objectives", type=int, default=2)
     p.add_argument("--split", default="test", choices=["train", "test"])
@@ -67,7 +67,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         backend,
         make_env(cfg, paths, tok),
         cfg.rollout,
-        policy=args.memory,
+        memory=args.memory,
         greedy=args.greedy,
         generator=torch.Generator().manual_seed(args.seed),
         progress=True,

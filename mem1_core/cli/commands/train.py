@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                 "--memory",
                 default=None,
                 choices=["mem1", "full", "truncate"],
-                help="memory policy of the teacher trajectories (default: rollout.policy)",
+                help="memory policy of the teacher trajectories (default: rollout.memory)",
             )
             t.set_defaults(func=cmd_sft)
             continue
@@ -86,7 +86,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
         resume=args.resume,
         init=args.init,
         warm_start=args.warm_start,
-        policy=args.memory,
+        memory=args.memory,
     )
     print(json.dumps(result, default=str))
     return 0

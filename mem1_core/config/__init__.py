@@ -1,0 +1,51 @@
+"""Typed, frozen configuration and the named profiles that select its defaults.
+
+A profile (`tiny`: the embedded CPU default; `smoke`: the same code in seconds, for tests;
+`paper`: the GPU setup of the paper; YAML files in `data/profiles/`) picks defaults for
+every section; a YAML file and `section.field=value` overrides are applied on top
+(`load_config`). Flows take those JSON-able pieces and build the dataclass on their first
+line.
+
+- sections.py: world, data, retrieval, model, rollout, teacher;
+- training.py: sft, ppo (the algorithm), resources (Ray placement, learner strategy),
+  pretrain;
+- run.py: `Config`, all of them;
+- loader.py: profiles, YAML/CLI coercion, deprecated names.
+"""
+
+from mem1_core.config.loader import (
+    config_json,
+    load_config,
+    parse_overrides,
+    profile_names,
+)
+from mem1_core.config.run import Config
+from mem1_core.config.sections import (
+    MEMORIES,
+    DataConfig,
+    ModelConfig,
+    RetrievalConfig,
+    RolloutConfig,
+    TeacherConfig,
+    WorldConfig,
+)
+from mem1_core.config.training import PPOConfig, PretrainConfig, ResourcesConfig, SFTConfig
+
+__all__ = [
+    "MEMORIES",
+    "Config",
+    "DataConfig",
+    "ModelConfig",
+    "PPOConfig",
+    "PretrainConfig",
+    "ResourcesConfig",
+    "RetrievalConfig",
+    "RolloutConfig",
+    "SFTConfig",
+    "TeacherConfig",
+    "WorldConfig",
+    "config_json",
+    "load_config",
+    "parse_overrides",
+    "profile_names",
+]

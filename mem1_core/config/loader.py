@@ -1,0 +1,194 @@
+"""Reading a Config: a profile's defaults, then a YAML file, then `section.field=value`
+overrides, each coerced to the annotated field types.
+
+The profiles are YAML files in the repository's `data/profiles/` (one per profile, only
+what differs from the sections' defaults). mem1 is installed editable (`pip install -e`),
+so they are found beside the package; `MEM1_PROFILES` names another folder.
+
+Renamed fields keep loading for one release, with a DeprecationWarning that names the new
+one (`DEPRECATED`): `rollout.policy` is `rollout.memory`; the Ray placement fields of `ppo`
+are the `resources` section.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import types
+import typing
+import warnings
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mem1_core.config.run import Config
+
+PROFILES_DIR = Path(__file__).resolve().parents[2] / "data" / "profiles"
+"""The repository's `data/profiles/` (overridden by the `MEM1_PROFILES` environment variable)."""
+
+DEPRECATED: dict[tuple[str, str], tuple[str, str]] = {
+    ("rollout", "policy"): ("rollout", "memory"),
+    **{
+        ("ppo", name): ("resources", name)
+        for name in (
+            "num_rollout_workers",
+            "cpus_per_worker",
+            "gpus_per_worker",
+            "learner_cpus",
+            "learner_gpus",
+            "learner_ranks",
+            "ray_address",
+            "learner_strategy",
+        )
+    },
+}
+"""Old (section, field) -> new (section, field); the old names are read with a warning."""
+
+
+def profiles_dir() -> Path:
+    return Path(os.environ.get("MEM1_PROFILES") or PROFILES_DIR)
+
+
+def profile_names() -> list[str]:
+    return sorted(p.stem for p in profiles_dir().glob("*.yaml"))
+
+
+def profile_values(profile: str) -> dict[str, Any]:
+    """The sections a profile sets (its YAML file), as a nested dict."""
+    path = profiles_dir() / f"{profile}.yaml"
+    if not path.is_file():
+        raise ValueError(
+            f"unknown profile {profile!r}; choose one of {profile_names()} (the YAML files in "
+            f"{profiles_dir()})"
+        )
+    return _read_mapping(path)
+
+
+def _read_mapping(path: str | Path) -> dict[str, Any]:
+    loaded = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path}: the config file must be a mapping of sections")
+    return loaded
+
+
+def upgrade(values: dict[str, Any], where: str) -> dict[str, Any]:
+    """`values` with every deprecated field moved to its new name (warning once per field)."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in values.items()}
+    for (old_section, old), (new_section, new) in DEPRECATED.items():
+        section = out.get(old_section)
+        if not isinstance(section, dict) or old not in section:
+            continue
+        warnings.warn(
+            f"{where}: {old_section}.{old} is now {new_section}.{new}; the old name will stop "
+            "working in the next release",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        value = section.pop(old)
+        target = out.setdefault(new_section, {})
+        if new in target and target[new] != value:
+            raise ValueError(
+                f"{where}: both {old_section}.{old} and {new_section}.{new} are set; keep "
+                f"{new_section}.{new}"
+            )
+        target[new] = value
+    return out
+
+
+def _coerce(tp: Any, value: Any, where: str) -> Any:
+    """Convert a YAML/CLI value to the annotated field type, or raise a ValueError."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: expected a mapping, got {value!r}")
+        return _build(tp, value, where)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            if type(None) in args:
+                return None
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(a, value, where)
+            except ValueError:
+                pass
+        raise ValueError(f"{where}: cannot read {value!r} as {tp}")
+    if origin is tuple:
+        (inner, *_rest) = typing.get_args(tp)
+        if isinstance(value, str):
+            value = [v for v in value.replace("[", "").replace("]", "").split(",") if v.strip()]
+        return tuple(_coerce(inner, v, where) for v in value)
+    if tp is bool:
+        if isinstance(value, str):
+            if value.lower() in ("true", "1", "yes"):
+                return True
+            if value.lower() in ("false", "0", "no"):
+                return False
+            raise ValueError(f"{where}: expected true/false, got {value!r}")
+        return bool(value)
+    if tp in (int, float, str):
+        try:
+            if tp is int and isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return tp(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: expected {tp.__name__}, got {value!r}") from None
+    return value
+
+
+def _build(cls: type, values: dict[str, Any], where: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(values) - names
+    if unknown:
+        raise ValueError(
+            f"unknown config field(s) {sorted(unknown)} in {where or 'config'}; "
+            f"known: {sorted(names)}"
+        )
+    kwargs = {k: _coerce(hints[k], v, f"{where}.{k}".lstrip(".")) for k, v in values.items()}
+    return cls(**kwargs)
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def parse_overrides(overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """`["train.lr=1e-3", "world.seed=3"]` -> nested dict (values parsed as YAML scalars)."""
+    out: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"override {item!r}: write section.field=value")
+        key, raw = item.split("=", 1)
+        node = out
+        *parents, leaf = key.strip().split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = yaml.safe_load(raw) if raw.strip() else ""
+    return out
+
+
+def load_config(
+    profile: str = "tiny",
+    path: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] | dict[str, Any] = (),
+) -> Config:
+    """Profile defaults, then the YAML file at `path`, then `overrides`."""
+    values: dict[str, Any] = _merge({"profile": profile}, profile_values(profile))
+    if path is not None:
+        loaded = upgrade(_read_mapping(path), str(path))
+        loaded.pop("profile", None)
+        values = _merge(values, loaded)
+    extra = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
+    return _build(Config, _merge(values, upgrade(extra, "overrides")))
+
+
+def config_json(cfg: Any) -> str:
+    return json.dumps(dataclasses.asdict(cfg), sort_keys=True)

@@ -1,0 +1,33 @@
+"""`Config`: one run's whole configuration, a frozen dataclass of sections."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mem1_core.config.sections import (
+    DataConfig,
+    ModelConfig,
+    RetrievalConfig,
+    RolloutConfig,
+    Section,
+    TeacherConfig,
+    WorldConfig,
+)
+from mem1_core.config.training import PPOConfig, PretrainConfig, ResourcesConfig, SFTConfig
+
+
+@dataclass(frozen=True)
+class Config(Section):
+    """One run's whole configuration."""
+
+    profile: str = "tiny"
+    world: WorldConfig = field(default_factory=WorldConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)

@@ -1,0 +1,210 @@
+"""The configuration sections of the data and rollout side: the world, the QA data, the
+retriever, the model, the rollout and the teacher. Each is a frozen dataclass with a
+docstring per field; `__post_init__` checks a section and says how to fix it."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+MEMORIES = ("mem1", "full", "truncate")
+"""The memory policies (mem1_core.rollout.memory)."""
+
+
+class Section:
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class WorldConfig(Section):
+    """The procedurally generated encyclopedia (mem1_core.data.world)."""
+
+    seed: int = 0
+    """Seed for names, relations, phrasing and the split."""
+    n_countries: int = 24
+    n_cities: int = 160
+    n_people: int = 1600
+    n_orgs: int = 320
+    n_works: int = 640
+    near_duplicate_fraction: float = 0.15
+    """Chance that an entity gets a sibling whose name differs in one syllable (a distractor)."""
+    test_fraction: float = 0.25
+    """Fraction of entities (and so of questions) held out for the test split."""
+
+    def __post_init__(self) -> None:
+        if min(self.n_countries, self.n_cities, self.n_people, self.n_orgs, self.n_works) < 1:
+            raise ValueError("world sizes must all be >= 1")
+        if self.n_cities < self.n_countries:
+            raise ValueError("n_cities must be >= n_countries: every country needs a capital")
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ValueError("test_fraction must be in (0, 1)")
+        if not 0.0 <= self.near_duplicate_fraction < 1.0:
+            raise ValueError("near_duplicate_fraction must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class DataConfig(Section):
+    """Where questions come from and how they are composed into N-objective tasks."""
+
+    source: str = "world"
+    """`world` (embedded), `hotpotqa`, `nq`, or `hotpotqa+nq` (the paper's mix)."""
+    hotpotqa: str = "hotpotqa/hotpot_qa"
+    """Hub dataset name or a local .json/.jsonl/.parquet file in HotpotQA's row format."""
+    hotpotqa_config: str = "distractor"
+    nq: str = "nq_open"
+    """Hub dataset name (`nq_open`) or a local file in FlashRAG's row format."""
+    train_objectives: int = 2
+    """N of the training tasks (the paper trains on 2-objective tasks)."""
+    eval_objectives: tuple[int, ...] = (1, 2, 4, 8, 16)
+    mode: str = "per_source"
+    """`per_source` (consecutive questions of one source, as the paper) or `mixed`."""
+    seed: int = 0
+    max_train_tasks: int | None = None
+    max_eval_tasks: int | None = 16
+
+    def __post_init__(self) -> None:
+        if self.source not in ("world", "hotpotqa", "nq", "hotpotqa+nq"):
+            raise ValueError(f"data.source={self.source!r}: use world, hotpotqa, nq or hotpotqa+nq")
+        if self.mode not in ("per_source", "mixed"):
+            raise ValueError(f"data.mode={self.mode!r}: use per_source or mixed")
+        if self.train_objectives < 1 or any(n < 1 for n in self.eval_objectives):
+            raise ValueError("objective counts must be >= 1")
+
+
+@dataclass(frozen=True)
+class RetrievalConfig(Section):
+    """The retriever that answers `<query>`."""
+
+    kind: str = "bm25"
+    """`bm25` (embedded default) or `dense` (e5 + FAISS, the paper)."""
+    topk: int = 3
+    """Passages returned per query as one `<info>` block."""
+    encoder: str = "intfloat/e5-base-v2"
+    corpus: str | None = None
+    """Corpus path for non-world sources (Search-R1 JSONL or corpus Parquet)."""
+    url: str | None = None
+    """If set, talk to a retrieval server at this URL instead of an in-process index."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("bm25", "dense"):
+            raise ValueError(f"retrieval.kind={self.kind!r}: use bm25 or dense")
+        if self.topk < 1:
+            raise ValueError("retrieval.topk must be >= 1")
+
+
+@dataclass(frozen=True)
+class ModelConfig(Section):
+    """The policy model and its tokenizer."""
+
+    name_or_path: str | None = None
+    """A hub name or local path (the `paper` profile); None builds the tiny model from config."""
+    tokenizer_vocab: int = 3000
+    """Vocabulary of the locally trained tiny tokenizer."""
+    hidden_size: int = 128
+    num_layers: int = 3
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 384
+    max_positions: int = 4096
+    dtype: str = "float32"
+    """`float32` on CPU; `bfloat16` on GPU."""
+    attn: str = "sdpa"
+    """Attention for the dense path: `sdpa` (boolean masks), `eager` (0/-inf float masks), or
+    `flex_attention` (GPU training path, BlockMask)."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass (Hugging Face
+    activation checkpointing, non-reentrant) for the learner's policy and critic: less
+    memory, about a third more compute. Gradient passes then run the tree in one pass with
+    its full mask (the shared-prefix forward hands a KV cache between stages, which a
+    checkpointed layer cannot keep)."""
+    seq_bucket: int | None = None
+    """The learner pads each flattened batch (and micro-batch) to a multiple of this many
+    tokens, so FlexAttention compiles once per bucket, not once per length. None: 128 (the
+    BlockMask block size) under `flex_attention`, 1 otherwise. Padding changes no result."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise ValueError("hidden_size must divide by num_heads, num_heads by num_kv_heads")
+        if self.attn not in ("sdpa", "eager", "flex_attention"):
+            raise ValueError(f"model.attn={self.attn!r}: use sdpa, eager or flex_attention")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"model.dtype={self.dtype!r}: use float32, bfloat16 or float16")
+        if self.seq_bucket is None:
+            object.__setattr__(self, "seq_bucket", 128 if self.attn == "flex_attention" else 1)
+        if self.seq_bucket < 1:
+            raise ValueError(f"model.seq_bucket={self.seq_bucket}: use an int >= 1 (1: none)")
+
+
+@dataclass(frozen=True)
+class RolloutConfig(Section):
+    """Multi-turn rollout: memory policy, turn and token budgets, sampling."""
+
+    memory: str = "mem1"
+    """Memory policy: `mem1`, `full` or `truncate` (was `rollout.policy`)."""
+    truncate_turns: int = 2
+    """`truncate`: how many of the last turns stay in context."""
+    turns_base: int = 2
+    turns_per_objective: int = 2
+    """The turn budget is turns_base + turns_per_objective * N (6 turns at N=2, as the paper)."""
+    gen_tokens_base: int = 48
+    gen_tokens_per_objective: int = 12
+    """Tokens one turn may generate: base + per_objective * N (the <IS> grows with N)."""
+    temperature: float = 1.0
+    """Sampling temperature for training rollouts (evaluation is greedy)."""
+    top_p: float = 1.0
+    batch_size: int = 64
+    """Trajectories generated together (the KV-cached batch; `hf` only, vLLM schedules its own)."""
+    backend: str = "hf"
+    """Generation engine of the RL rollout workers: `hf` (Hugging Face with a KV cache, runs
+    anywhere), `vllm` (mem1_core.rollout.generation_vllm: needs the vLLM venv, docs/gpu.md), or
+    `auto` (vllm where it can be imported, else hf: the `paper` default, so the same profile
+    runs from .venv-vllm with vLLM and from the Prefect venv with Hugging Face)."""
+    gpu_memory_utilization: float = 0.5
+    """`vllm`: the fraction of its GPU's memory the engine takes (weights, activations, KV
+    cache). 0.5 leaves the rest to a learner on the same GPU; raise it when a worker has a GPU
+    of its own."""
+
+    def __post_init__(self) -> None:
+        if self.memory not in MEMORIES:
+            raise ValueError(f"rollout.memory={self.memory!r}: use mem1, full or truncate")
+        if self.backend not in ("hf", "vllm", "auto"):
+            raise ValueError(
+                f"rollout.backend={self.backend!r}: use hf (Hugging Face), vllm (needs the "
+                "vLLM venv: ./dev setup-vllm, docs/gpu.md) or auto"
+            )
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"rollout.gpu_memory_utilization={self.gpu_memory_utilization}: use a "
+                "fraction in (0, 1]"
+            )
+        if self.turns_base + self.turns_per_objective < 1:
+            raise ValueError("the turn budget must be >= 1 at N=1")
+        if not 0.0 < self.top_p <= 1.0 or self.temperature < 0.0:
+            raise ValueError("need 0 < top_p <= 1 and temperature >= 0")
+
+    def max_turns(self, n_objectives: int) -> int:
+        return self.turns_base + self.turns_per_objective * n_objectives
+
+    def max_new_tokens(self, n_objectives: int) -> int:
+        return self.gen_tokens_base + self.gen_tokens_per_objective * n_objectives
+
+
+@dataclass(frozen=True)
+class TeacherConfig(Section):
+    """The scripted teacher that plays the paper's GPT-4o role on the task world."""
+
+    error_rate: float = 0.0
+    """Chance that the teacher answers an objective wrongly on purpose."""
+    forget_rate: float = 0.0
+    """Chance that the teacher, moving on from a finished objective, writes `?` for its answer
+    in the `<IS>` (a memory-consolidation lapse; mem1_core.rollout.teacher). SFT copies the habit; RL
+    on the task reward can unlearn it (MEM1 §5.4)."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("error_rate", "forget_rate"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"teacher.{name} must be in [0, 1]")

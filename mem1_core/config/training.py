@@ -1,0 +1,201 @@
+"""The configuration sections of training: SFT, the PPO / GRPO algorithm, the resources
+RL training runs on (Ray placement, learner strategy) and the base model's pretraining."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mem1_core.config.sections import MEMORIES, Section
+
+
+@dataclass(frozen=True)
+class SFTConfig(Section):
+    """Supervised training on teacher trajectories (loss on generated tokens only)."""
+
+    warm_start_objectives: tuple[int, ...] = (1, 2)
+    """N of the teacher trajectories of the warm start (the tag format, and `;` between the
+    answers of several questions: from N=1 alone the tiny model does not generalise to N=2,
+    measured 1/32 tasks at N=2, so PPO would start with no reward at all)."""
+    warm_start_minutes: float = 20.0
+    """Wall-clock budget of the warm start; `warm_start_steps` caps it too."""
+    warm_start_steps: int = 100000
+    minutes: float = 8.0
+    """Budget of the SFT arm of the ablation (on train_objectives-objective tasks)."""
+    steps: int = 100000
+    lr: float = 2e-3
+    warmup_steps: int = 50
+    batch_size: int = 16
+    """Trajectories per step (each a flattened tree)."""
+    n_teacher_tasks: int = 4000
+    """Teacher trajectories generated for SFT (cycled if training runs longer), spread evenly
+    over the run's world and the `teacher_worlds` extra ones."""
+    teacher_worlds: int = 0
+    """Extra generated worlds (fresh names, train split only) the teacher also plays, so the
+    model cannot memorise entities and must learn to copy (see mem1_core.runs.assets.teacher_world).
+    The world-based sources only; 0 for hub data."""
+    warm_start_context_weight: float = 0.0
+    """Warm start only: weight of a next-token loss on the prompt and <info> tokens of the
+    extra worlds' trajectories (never the run's own world, whose <info> can show held-out
+    entities): the pretraining a base model brings, which teaches copying."""
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+
+
+@dataclass(frozen=True)
+class PPOConfig(Section):
+    """PPO / GRPO over masked trajectories (the paper's defaults where they apply)."""
+
+    iterations: int = 1000
+    minutes: float = 8.0
+    """Wall-clock budget; whichever of iterations / minutes ends first."""
+    tasks_per_iteration: int = 32
+    samples_per_task: int = 1
+    """GRPO needs several samples per task (a group); PPO uses 1."""
+    actor_lr: float = 1e-4
+    critic_lr: float = 1e-4
+    kl_coef: float = 1e-3
+    kl_kind: str = "k1"
+    kl_in_loss: bool = False
+    """GRPO style: the KL is a loss term instead of a reward penalty."""
+    gamma: float = 1.0
+    lam: float = 1.0
+    clip_eps: float = 0.2
+    value_clip_eps: float = 0.2
+    entropy_coef: float = 0.0
+    ppo_epochs: int = 2
+    minibatch_size: int = 16
+    micro_batch_size: int = 8
+    grad_clip: float = 1.0
+    max_nonfinite_in_row: int = 3
+    """Stop with an error after this many skipped (non-finite) updates in a row."""
+    checkpoint_every: int = 1
+    eval_every: int = 0
+    """Greedy evaluation on held-out tasks every K iterations (0: only at the end)."""
+
+    def __post_init__(self) -> None:
+        if self.minibatch_size % self.micro_batch_size:
+            raise ValueError("ppo.minibatch_size must be a multiple of ppo.micro_batch_size")
+        if self.kl_kind not in ("k1", "k2", "k3"):
+            raise ValueError("ppo.kl_kind: use k1, k2 or k3")
+
+
+@dataclass(frozen=True)
+class ResourcesConfig(Section):
+    """Where RL training runs: Ray placement of the rollout workers and the learner, and the
+    learner's strategy (one process, or FSDP ranks). Apart from the algorithm (`ppo`), so
+    the same PPO runs on a laptop or a cluster. (These were `ppo.*` fields; the old names
+    still load, with a deprecation warning.)"""
+
+    num_rollout_workers: int = 1
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
+    learner_cpus: float = 1.0
+    """CPUs of each learner process (each FSDP rank asks for this many; also its torch threads)."""
+    learner_gpus: float = 0.0
+    """GPUs of the learner: of its one process (`single`), or in all (`fsdp`: one per rank)."""
+    learner_ranks: int = 0
+    """`fsdp` only: learner processes. 0 means one per learner GPU (`learner_gpus`); without
+    GPUs (`learner_gpus=0`) set it to run that many CPU ranks over gloo (tests, debugging)."""
+    ray_address: str | None = None
+    """Connect to a running Ray cluster: `auto` when the run starts on one of its nodes
+    (after `ray start --head` / `ray start --address=HEAD:6379` on each node), or the head's
+    `HOST:6379`; None starts a private local one. Workers and the learner are then placed on
+    any node with the GPUs they ask for, so `--out` must be on a filesystem every node sees."""
+    learner_strategy: str = "single"
+    """`single`: the learner is one process on one device, its weights in `model.dtype`.
+    `fsdp`: `learner_world` learner ranks (Ray actors forming one torch.distributed group,
+    one GPU each, or CPU ranks over gloo) shard policy, reference and critic with FSDP2
+    (float32 master weights, compute in `model.dtype`) and split every minibatch between
+    them (mem1_core.training.fsdp_learner). Checkpoints hold full weights in the single learner's
+    format, so evaluation and `--init` read them alike; their optimiser state is keyed by
+    parameter name, so a run resumes under the strategy it was saved with."""
+
+    @property
+    def learner_world(self) -> int:
+        """Learner processes: 1 under `single`, the FSDP ranks under `fsdp`."""
+        if self.learner_strategy != "fsdp":
+            return 1
+        return self.learner_ranks or int(self.learner_gpus)
+
+    def __post_init__(self) -> None:
+        if self.learner_strategy not in ("single", "fsdp"):
+            raise ValueError(
+                f"resources.learner_strategy={self.learner_strategy!r}: use single or fsdp"
+            )
+        if self.learner_strategy == "fsdp":
+            self._check_fsdp_ranks()
+        elif self.learner_ranks:
+            raise ValueError(
+                "resources.learner_ranks is the number of FSDP ranks: set resources.learner_strategy=fsdp, "
+                "or leave learner_ranks at 0"
+            )
+
+    def _check_fsdp_ranks(self) -> None:
+        gpus, ranks = self.learner_gpus, self.learner_ranks
+        if gpus < 0 or not float(gpus).is_integer() or (gpus == 0 and ranks == 0):
+            raise ValueError(
+                "resources.learner_strategy=fsdp runs one learner process per GPU: set resources.learner_gpus "
+                f"to a whole number >= 1 (got {gpus}), or, without GPUs, resources.learner_ranks to "
+                "the number of CPU ranks"
+            )
+        if gpus and ranks and ranks != gpus:
+            raise ValueError(
+                f"resources.learner_ranks={ranks} with resources.learner_gpus={gpus:g}: an FSDP rank has one "
+                "GPU; set learner_ranks to 0 (one per GPU) or to learner_gpus"
+            )
+        if self.learner_world < 2:
+            raise ValueError(
+                "resources.learner_strategy=fsdp with one rank shards nothing and only adds "
+                "collectives: use resources.learner_strategy=single, or give it >= 2 ranks"
+            )
+
+
+@dataclass(frozen=True)
+class PretrainConfig(Section):
+    """`mem1 pretrain`: the embedded default's base model, trained once on fresh worlds
+    (mem1_core.training.pretrain). Model sizes come from the `model` section."""
+
+    minutes: float = 120.0
+    """Wall-clock budget (the lr schedule is cosine over it)."""
+    lr: float = 2e-3
+    warmup_fraction: float = 0.03
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    batch_size: int = 16
+    """Teacher trajectories (flattened trees) per step."""
+    text_batch_size: int = 4
+    """Rows of packed documents and list drills per step."""
+    text_len: int = 384
+    """Tokens per text row: positions well past a 2-objective context."""
+    text_weight: float = 0.5
+    context_weight: float = 0.3
+    """Weight of the next-token loss on the teacher trajectories' prompt and <info> tokens."""
+    objectives: tuple[int, ...] = (1, 2)
+    """N of the teacher's tasks. Never above 2, so N >= 4 measures generalisation."""
+    memories: tuple[str, ...] = ("mem1", "full")
+    tasks_per_world: int = 300
+    """Tasks per N (and per memory) the teacher plays in each fresh world."""
+    drills_per_world: int = 400
+    drill_max_facts: int = 16
+    steps_per_world: int = 150
+    """A new world every this many steps."""
+    pool_worlds: int = 3
+    """Batches draw from the newest this many worlds."""
+    world_seed: int = 100_000
+    """Fresh worlds get seeds world_seed, world_seed + 1, ...: never a run's world."""
+    eval_world_seeds: tuple[int, ...] = (0,)
+    """Held-out worlds (the `tiny` evaluation world is seed 0; no round trains on it)."""
+    eval_objectives: tuple[int, ...] = (1, 2, 4)
+    eval_tasks: int = 32
+    eval_every_minutes: float = 10.0
+
+    def __post_init__(self) -> None:
+        if any(n > 2 or n < 1 for n in self.objectives):
+            raise ValueError(
+                "pretrain.objectives must be 1 or 2: the base sees no multi-objective task "
+                "above 2 objectives (N >= 4 measures generalisation, as in the paper)"
+            )
+        if set(self.eval_world_seeds) & set(range(self.world_seed, self.world_seed + 10**5)):
+            raise ValueError("pretrain.eval_world_seeds overlap the training worlds' seeds")
+        if not set(self.memories) <= set(MEMORIES):
+            raise ValueError("pretrain.memories: choose from mem1, full, truncate")
