@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).resolve()
     walls: dict[str, float] = {}
 
-    from mem1_core.training.ray_runtime import resolve_init
+    from mem1_core.runs.layout import resolve_init
     from mem1_core.training.sft import train_sft
     from mem1_core.training.train_rl import train_rl
 

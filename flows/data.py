@@ -11,7 +11,8 @@ from prefect import flow, task
 
 from flows.common import build_config, publish_markdown, publish_table, run_dir
 from mem1_core.config import Config
-from mem1_core.runs.assets import RunPaths, ensure_tasks, ensure_world
+from mem1_core.runs.assets import ensure_tasks, ensure_world
+from mem1_core.runs.layout import RunPaths
 
 
 @task(name="build-world", cache_policy=None)

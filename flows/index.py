@@ -20,8 +20,8 @@ from mem1_core.runs.assets import index_options
 def corpus_path(cfg: Config, out: Path) -> Path:
     """The profile's corpus file: the generated world's (built if missing), or
     `retrieval.corpus`."""
-    from mem1_core.runs.assets import RunPaths
     from mem1_core.runs.assets import corpus_path as run_corpus
+    from mem1_core.runs.layout import RunPaths
 
     return run_corpus(cfg, RunPaths(out))
 

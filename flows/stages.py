@@ -98,7 +98,7 @@ def train_ppo_mem1(
 def train_sft_arm(
     profile: str, config_path: str | None, overrides: list[str] | None, run_dir: str
 ) -> dict[str, Any]:
-    from mem1_core.training.ray_runtime import resolve_init
+    from mem1_core.runs.layout import resolve_init
     from mem1_core.training.sft import train_sft
 
     cfg = _with_memory(build_config(profile, config_path, overrides), "mem1")
@@ -116,7 +116,7 @@ def train_sft_arm(
 
 def agents_of(root: Path) -> list[tuple[str, str, str]]:
     """(name, policy dir, memory policy) of every trained agent found in the run."""
-    from mem1_core.training.ray_runtime import resolve_init
+    from mem1_core.runs.layout import resolve_init
 
     found = []
     for name, sub, memory in (

@@ -297,8 +297,9 @@ def test_train_rl_with_an_fsdp_learner_trains_checkpoints_and_resumes(
     tmp_path, monkeypatch, ray_session
 ):
     from mem1_core.models.model import load_model
-    from mem1_core.runs.assets import RunPaths, ensure_tokenizer
+    from mem1_core.runs.assets import ensure_tokenizer
     from mem1_core.runs.checkpoint import read_state
+    from mem1_core.runs.layout import RunPaths
     from mem1_core.training.train_rl import train_rl
 
     monkeypatch.setenv("WANDB_MODE", "disabled")
@@ -322,7 +323,7 @@ def test_train_rl_with_an_fsdp_learner_trains_checkpoints_and_resumes(
 
 def test_impossible_fsdp_settings_fail_with_the_way_out(tmp_path):
     from mem1_core.config import load_config
-    from mem1_core.runs.assets import RunPaths
+    from mem1_core.runs.layout import RunPaths
     from mem1_core.training.ray_runtime import Runtime
 
     cfg = load_config("smoke", None, FSDP)

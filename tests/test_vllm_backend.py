@@ -138,7 +138,7 @@ def test_missing_vllm_says_how_to_install(monkeypatch):
 
 def test_vllm_rollouts_without_vllm_say_which_venv(monkeypatch, tmp_path):
     """The trainer refuses before building anything (no assets, no Ray, no saved policy)."""
-    from mem1_core.runs.assets import RunPaths
+    from mem1_core.runs.layout import RunPaths
     from mem1_core.training.ray_runtime import Runtime
 
     monkeypatch.setitem(sys.modules, "vllm", None)
@@ -361,7 +361,8 @@ TRAIN_OVERRIDES = [
 def _train_with_vllm(tmp_path, monkeypatch, use_ray: bool) -> list[dict]:
     """A two-iteration smoke PPO run whose rollout workers generate with vLLM; -> metrics."""
     from mem1_core.rl.ppo import make_rollout_batch
-    from mem1_core.runs.assets import RunPaths, ensure_tokenizer, initial_policy
+    from mem1_core.runs.assets import ensure_tokenizer, initial_policy
+    from mem1_core.runs.layout import RunPaths
     from mem1_core.training.train_rl import train_rl
     from mem1_core.trajectory.logprobs import forward_tree
     from mem1_core.trajectory.record import read_trajectories

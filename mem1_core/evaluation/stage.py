@@ -9,7 +9,8 @@ from mem1_core.evaluation.scaling import Agent, evaluate_scaling, headline, rati
 from mem1_core.models.model import load_model
 from mem1_core.rollout.teacher import ScriptedTeacher
 from mem1_core.runs import atomic
-from mem1_core.runs.assets import RunPaths, ensure_tokenizer, load_tasks, make_env, prepare
+from mem1_core.runs.assets import ensure_tokenizer, load_tasks, make_env, prepare
+from mem1_core.runs.layout import RunPaths
 
 
 def run_objective_scaling(

@@ -1,20 +1,12 @@
 """What every stage of a run needs, built once per run directory and reused: the world (or
-questions), the composed tasks, the tokenizer, the retrieval index, the policy model.
-
-Layout of a run directory:
-  world/            corpus.parquet, questions.parquet (the embedded profile)
-  tasks/            {train,test}_n{N}.parquet
-  tokenizer/        the tiny tokenizer (save_pretrained)
-  indexes/          retrieval indexes, one per corpus fingerprint and kind
-  checkpoints/      training checkpoints (mem1_core.runs.checkpoint)
-  teacher_worlds/   extra worlds of fresh names for the teacher's SFT data (sft.teacher_worlds),
-                    each laid out like a run directory (world/, tasks/, indexes/)
-Each piece is built only if missing, so stages can run (and re-run) independently.
+questions), the composed tasks, the tokenizer, the retrieval index, the policy model. The
+directory's layout is mem1_core.runs.layout.RunPaths. Each piece is built only if missing,
+so stages can run (and re-run) independently.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -29,34 +21,7 @@ from mem1_core.models.tokenizer import load_tokenizer, train_tiny_tokenizer
 from mem1_core.retrieval import Retriever, load_index
 from mem1_core.rollout.env import QAEnvironment
 from mem1_core.rollout.loop import Task, tasks_from_table
-
-
-@dataclass
-class RunPaths:
-    root: Path
-
-    @property
-    def world(self) -> Path:
-        return self.root / "world"
-
-    @property
-    def tasks(self) -> Path:
-        return self.root / "tasks"
-
-    @property
-    def tokenizer(self) -> Path:
-        return self.root / "tokenizer"
-
-    @property
-    def indexes(self) -> Path:
-        return self.root / "indexes"
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
-
-    def task_file(self, split: str, n: int) -> Path:
-        return self.tasks / f"{split}_n{n}.parquet"
+from mem1_core.runs.layout import RunPaths
 
 
 def ensure_world(cfg: Config, paths: RunPaths) -> Path:
@@ -203,7 +168,7 @@ def teacher_world(cfg: Config, paths: RunPaths, k: int) -> tuple[Config, RunPath
     evaluation world, so held-out entities stay unseen."""
     seed = 10_000 + 1_000 * cfg.world.seed + k
     sub = replace(cfg, world=replace(cfg.world, seed=seed))
-    return sub, RunPaths(paths.root / "teacher_worlds" / f"seed{seed}")
+    return sub, RunPaths(paths.teacher_worlds / f"seed{seed}")
 
 
 def prepare(cfg: Config, root: str | Path) -> RunPaths:

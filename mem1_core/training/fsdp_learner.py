@@ -68,7 +68,7 @@ from mem1_core.rl.ppo import (
     select_rows,
     trainable_parameters,
 )
-from mem1_core.runs.assets import RunPaths, ensure_tokenizer, initial_policy
+from mem1_core.runs.assets import ensure_tokenizer, initial_policy
 from mem1_core.runs.checkpoint import (
     STATE_FILE,
     TrainState,
@@ -76,6 +76,7 @@ from mem1_core.runs.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from mem1_core.runs.layout import RunPaths
 from mem1_core.training.fsdp import full_state_dict, rank_rows, shard_critic, shard_policy
 from mem1_core.training.ray_runtime import KEEP_CHECKPOINTS, run_update
 from mem1_core.trajectory.logprobs import tree_attention_mask

@@ -55,13 +55,9 @@ from mem1_core.rl.estimators import get_estimator
 from mem1_core.rl.ppo import Models, NonFiniteGuard, update
 from mem1_core.rollout.generation import HFBackend
 from mem1_core.rollout.loop import Task, rollout
-from mem1_core.runs.assets import RunPaths, ensure_tokenizer, initial_policy, make_env
-from mem1_core.runs.checkpoint import (
-    TrainState,
-    latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
+from mem1_core.runs.assets import ensure_tokenizer, initial_policy, make_env
+from mem1_core.runs.checkpoint import TrainState, load_checkpoint, save_checkpoint
+from mem1_core.runs.layout import RunPaths
 from mem1_core.training import actor_pool
 from mem1_core.trajectory.logprobs import Attn, use_attention
 from mem1_core.trajectory.record import Trajectory
@@ -81,24 +77,6 @@ VLLM_VENV_HINT = (
 
 
 # ---- model loading -------------------------------------------------------------------------
-
-
-def resolve_init(init: str | Path | None) -> Path | None:
-    """`--init` -> a policy directory: a checkpoint or SFT output (its `policy/`), a run
-    directory (its latest checkpoint's policy) or a save_pretrained model directory."""
-    if init is None:
-        return None
-    p = Path(init).resolve()
-    if (p / "policy" / "config.json").is_file():
-        return p / "policy"
-    if (p / "checkpoints").is_dir() and (ckpt := latest_checkpoint(p / "checkpoints")):
-        return ckpt / "policy"
-    if (p / "config.json").is_file():
-        return p
-    raise FileNotFoundError(
-        f"--init {init}: expected a model directory (config.json), a checkpoint or SFT output "
-        "(policy/config.json) or a run directory with checkpoints/"
-    )
 
 
 def _device(gpus: float) -> torch.device:

@@ -207,7 +207,6 @@ def train_sft(
     from mem1_core.evaluation.evaluate import evaluate_policy
     from mem1_core.models.model import load_model
     from mem1_core.runs.assets import (
-        RunPaths,
         adopt_init_tokenizer,
         ensure_tokenizer,
         initial_policy,
@@ -216,11 +215,12 @@ def train_sft(
         prepare,
         teacher_world,
     )
+    from mem1_core.runs.layout import RunPaths
 
     out = Path(out_dir).resolve()
     if resume and (out / "result.json").exists() and (out / "policy").exists():
         return json.loads((out / "result.json").read_text())
-    from mem1_core.training.ray_runtime import resolve_init
+    from mem1_core.runs.layout import resolve_init
 
     init = resolve_init(init)  # a run or checkpoint directory -> its policy
     root = Path(assets_dir or out).resolve()

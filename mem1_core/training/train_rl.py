@@ -5,14 +5,8 @@ EM per objective) -> the learner scores them (old / reference log-probs, values 
 flattened trees), turns rewards into advantages and runs the PPO epochs -> the new weights
 go to the rollout workers -> log.
 
-What a run directory `out` gets, besides the assets of mem1_core.runs.assets:
-  trajectories/iter_{i:06d}.parquet   iteration i's training trajectories (atomic)
-  eval/iter_{i:06d}.parquet           greedy held-out trajectories, when evaluated
-  metrics.jsonl                       one JSON line per iteration, rewritten atomically
-  checkpoints/iter_{K:06d}/           state after K iterations (mem1_core.runs.checkpoint)
-  wandb/                              the W&B run (offline unless WANDB_MODE says otherwise)
-  vllm_init/                          rollout.backend=vllm without --init: the initial policy,
-                                      saved for the vLLM engines to start from
+What the run directory gets (trajectories/, eval/, metrics.jsonl, checkpoints/, wandb/) is
+mem1_core.runs.layout.RunPaths.
 
 Resume: `resume=True` restores the newest checkpoint K and deletes trajectory, evaluation
 and metrics entries of iterations >= K (written after it, by a run that then died), so a
@@ -22,14 +16,13 @@ iterations before K are never rewritten.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import random
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +32,11 @@ from mem1_core.config import Config
 from mem1_core.evaluation.metrics import unknown_rate
 from mem1_core.rl.estimators import get_estimator
 from mem1_core.rollout.loop import Task
-from mem1_core.runs.assets import RunPaths, adopt_init_tokenizer, load_tasks, prepare
+from mem1_core.runs.assets import adopt_init_tokenizer, load_tasks, prepare
 from mem1_core.runs.atomic import write_text
 from mem1_core.runs.checkpoint import TrainState, latest_checkpoint, read_state, remove_partial
-from mem1_core.training.ray_runtime import Runtime, resolve_init
+from mem1_core.runs.layout import RunPaths, resolve_init
+from mem1_core.training.ray_runtime import Runtime
 from mem1_core.trajectory.record import Trajectory, write_trajectories
 
 log = logging.getLogger(__name__)
@@ -50,59 +44,6 @@ log = logging.getLogger(__name__)
 GRPO_DEFAULTS: tuple[str, ...] = ("ppo.samples_per_task=4", "ppo.kl_in_loss=true", "ppo.kl_kind=k3")
 """Overrides `mem1 train grpo` applies before the user's: a group of 4 samples per task,
 the KL as a k3 loss term (DeepSeekMath §4.1). Explicit `--set` values win."""
-
-
-@dataclass(frozen=True)
-class RunFiles:
-    """The per-iteration outputs of a training run."""
-
-    root: Path
-
-    @property
-    def trajectories(self) -> Path:
-        return self.root / "trajectories"
-
-    @property
-    def evals(self) -> Path:
-        return self.root / "eval"
-
-    @property
-    def metrics(self) -> Path:
-        return self.root / "metrics.jsonl"
-
-    def part(self, i: int) -> Path:
-        return self.trajectories / f"iter_{i:06d}.parquet"
-
-    def eval_part(self, i: int) -> Path:
-        return self.evals / f"iter_{i:06d}.parquet"
-
-    def read_metrics(self) -> list[dict[str, Any]]:
-        if not self.metrics.is_file():
-            return []
-        return [json.loads(line) for line in self.metrics.read_text().splitlines() if line]
-
-    def write_metrics(self, rows: list[dict[str, Any]]) -> None:
-        write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows), self.metrics)
-
-    def append_metrics(self, record: dict[str, Any]) -> None:
-        rows = [r for r in self.read_metrics() if r["iteration"] < record["iteration"]]
-        self.write_metrics([*rows, record])
-
-    def has_progress(self) -> bool:
-        return self.metrics.exists() or any(self.trajectories.glob("iter_*.parquet"))
-
-    def truncate(self, start: int) -> None:
-        """Forget iterations >= start (and any half-written temporaries)."""
-        for folder in (self.trajectories, self.evals):
-            for p in folder.glob(".iter_*.tmp"):
-                p.unlink()
-            for p in folder.glob("iter_*.parquet"):
-                if int(p.stem.removeprefix("iter_")) >= start:
-                    p.unlink()
-        for p in self.root.glob(f".{self.metrics.name}.*.tmp"):
-            p.unlink()
-        if self.metrics.exists():
-            self.write_metrics([r for r in self.read_metrics() if r["iteration"] < start])
 
 
 def select_tasks(tasks: list[Task], iteration: int, k: int, seed: int) -> list[Task]:
@@ -140,7 +81,7 @@ class Progress:
     """Where an iteration's record goes: metrics.jsonl (atomically), W&B (offline unless
     WANDB_MODE says otherwise; one run id across resumes) and the progress bar."""
 
-    def __init__(self, cfg: Config, files: RunFiles, estimator: str, start: int, show: bool):
+    def __init__(self, cfg: Config, files: RunPaths, estimator: str, start: int, show: bool):
         import wandb
 
         self.files = files
@@ -217,11 +158,11 @@ def evaluate(runtime: Runtime, tasks: list[Task], out: Path) -> dict[str, float]
     return rollout_stats(trajs, "eval/") | {"eval/tasks": len(trajs)}
 
 
-def _resume_state(paths: RunPaths, files: RunFiles, resume: bool, init: Path | None):
+def _resume_state(paths: RunPaths, resume: bool, init: Path | None):
     """-> (checkpoint or None, init): check the run directory and clean up after a kill."""
     ckpt = latest_checkpoint(paths.checkpoints)
     if not resume:
-        if ckpt is not None or files.has_progress():
+        if ckpt is not None or paths.has_progress():
             raise ValueError(
                 f"{paths.root} already holds a training run: pass --resume to "
                 "continue it, or choose a new --out"
@@ -233,7 +174,7 @@ def _resume_state(paths: RunPaths, files: RunFiles, resume: bool, init: Path | N
         if init is not None and str(init) != saved:
             raise ValueError(f"--init {init} differs from the run's warm start {saved}")
         init = Path(saved) if saved else None
-    files.truncate(read_state(ckpt).iteration if ckpt else 0)
+    paths.truncate(read_state(ckpt).iteration if ckpt else 0)
     return ckpt, init
 
 
@@ -252,8 +193,8 @@ def train_rl(
     if get_estimator(estimator).uses_critic is False and cfg.ppo.samples_per_task < 2:
         raise ValueError(f"estimator {estimator!r} needs a group: set ppo.samples_per_task >= 2")
     out = Path(out_dir).resolve()
-    paths, files = RunPaths(out), RunFiles(out)
-    ckpt, init_dir = _resume_state(paths, files, resume, resolve_init(init))
+    paths = RunPaths(out)
+    ckpt, init_dir = _resume_state(paths, resume, resolve_init(init))
     adopt_init_tokenizer(cfg, paths, init_dir)
     prepare(cfg, out)
     train_tasks = load_tasks(cfg, paths, "train", cfg.data.train_objectives)
@@ -262,11 +203,11 @@ def train_rl(
     progress = None
     try:
         # W&B starts while the actors are still importing (their first call blocks).
-        progress = Progress(cfg, files, estimator, read_state(ckpt).iteration if ckpt else 0, show)
+        progress = Progress(cfg, paths, estimator, read_state(ckpt).iteration if ckpt else 0, show)
         state = runtime.restore(ckpt) if ckpt else TrainState(0)
         runtime.sync_weights()  # workers start from the learner's weights, resumed or not
         extra, t_start = {"init": None if init_dir is None else str(init_dir)}, time.perf_counter()
-        done = files.read_metrics()
+        done = paths.read_metrics()
         record: dict[str, Any] = done[-1] if done else {}
         for it in range(state.iteration, cfg.ppo.iterations):
             t0 = time.perf_counter()
@@ -286,9 +227,9 @@ def train_rl(
             seconds = time.perf_counter() - t0
             record = iteration_record(it, trajs, stats, seconds, t_rollout, elapsed)
             if last or (cfg.ppo.eval_every and (it + 1) % cfg.ppo.eval_every == 0):
-                record |= evaluate(runtime, eval_tasks, files.eval_part(it))
+                record |= evaluate(runtime, eval_tasks, paths.eval_part(it))
             record = _clean({"estimator": estimator, **record})
-            write_trajectories(trajs, files.part(it))
+            write_trajectories(trajs, paths.part(it))
             progress.log(record)
             if last or (it + 1) % cfg.ppo.checkpoint_every == 0:
                 runtime.save(TrainState(it + 1, elapsed, extra))
