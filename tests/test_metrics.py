@@ -42,3 +42,21 @@ def test_peak_tokens_and_dependency_follow_their_definitions():
     assert peak_tokens(turns) == 22
     # brute force: each generated token attends to its context and the tokens before it
     assert dependency(turns) == sum(c + j for c, g in turns for j in range(g))
+
+
+def test_one_summary_for_training_and_evaluation():
+    """Training's metrics.jsonl and evaluation's metrics table read one summary: the same
+    numbers under the same names, plus training's old names for three of them."""
+    from mem1_core.evaluation.summary import TRAINING_NAMES, summarize, training_summary
+    from mem1_core.trajectory.record import Action, Trajectory, Turn
+
+    a = Trajectory("t0", "mem1", [1, 2], [["x"]], em=[1.0], f1=[1.0], answer="x")
+    a.turns.append(Turn([], [5, 6, 7], [0.0] * 3, Action.ANSWER, context_tokens=2))
+    b = Trajectory("t1", "mem1", [1, 2, 3], [["y"], ["z"]], em=[0.0, 1.0], f1=[0.5, 1.0])
+    evaluated = summarize([a, b], seconds=4.0)
+    trained = training_summary([a, b], "eval/")
+    assert evaluated["em_frac"] == 0.75 and evaluated["em_sum"] == 1.0
+    assert evaluated["seconds_per_task"] == 2.0 and evaluated["answered_rate"] == 0.5
+    assert all(trained[f"eval/{k}"] == v for k, v in evaluated.items() if k != "seconds_per_task")
+    assert all(trained[f"eval/{old}"] == evaluated[new] for old, new in TRAINING_NAMES.items())
+    assert summarize([])["tasks"] == 0

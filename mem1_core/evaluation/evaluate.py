@@ -4,33 +4,12 @@ dependency, inference time per task, format-error rate, turns used)."""
 
 from __future__ import annotations
 
-import statistics
 import time
 
-from mem1_core.evaluation.metrics import unknown_rate
+from mem1_core.evaluation.summary import summarize
 from mem1_core.rollout.generation import HFBackend
 from mem1_core.rollout.loop import Task, rollout
 from mem1_core.trajectory.record import Trajectory
-
-
-def summarize(trajs: list[Trajectory], seconds: float) -> dict:
-    """Mean metrics of a set of trajectories (one N)."""
-    n_turns = sum(len(t.turns) for t in trajs)
-    return {
-        "tasks": len(trajs),
-        "em_sum": statistics.mean(t.em_sum for t in trajs),
-        "em_frac": statistics.mean(t.reward for t in trajs),
-        "f1_sum": statistics.mean(sum(t.f1) for t in trajs),
-        "f1_frac": statistics.mean(sum(t.f1) / len(t.f1) for t in trajs),
-        "peak_tokens": statistics.mean(t.peak_tokens for t in trajs),
-        "peak_tokens_max": max(t.peak_tokens for t in trajs),
-        "dependency": statistics.mean(t.dependency for t in trajs),
-        "seconds_per_task": seconds / len(trajs),
-        "format_error_rate": sum(t.format_errors for t in trajs) / max(n_turns, 1),
-        "answered_rate": statistics.mean(t.answer is not None for t in trajs),
-        "unknown_rate": unknown_rate([t.answer for t in trajs]),
-        "turns": statistics.mean(len(t.turns) for t in trajs),
-    }
 
 
 def evaluate_policy(

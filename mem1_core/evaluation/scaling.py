@@ -15,7 +15,8 @@ matplotlib.use("Agg")  # headless: plots are files
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from mem1_core.evaluation.evaluate import run_eval, summarize  # noqa: E402
+from mem1_core.evaluation.evaluate import run_eval  # noqa: E402
+from mem1_core.evaluation.summary import summarize  # noqa: E402
 from mem1_core.rollout.loop import Task  # noqa: E402
 from mem1_core.runs import atomic  # noqa: E402
 from mem1_core.trajectory.record import write_trajectories  # noqa: E402

@@ -29,7 +29,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from mem1_core.config import Config
-from mem1_core.evaluation.metrics import unknown_rate
+from mem1_core.evaluation.summary import training_summary
 from mem1_core.rl.estimators import get_estimator
 from mem1_core.rollout.loop import Task
 from mem1_core.runs.assets import adopt_init_tokenizer, load_tasks, prepare
@@ -50,23 +50,6 @@ def select_tasks(tasks: list[Task], iteration: int, k: int, seed: int) -> list[T
     """The iteration's tasks: k drawn without replacement, from a seed fixed per iteration
     (so a resumed run draws what the killed one would have)."""
     return random.Random(seed * 7919 + iteration).sample(tasks, min(k, len(tasks)))
-
-
-def rollout_stats(trajs: list[Trajectory], prefix: str = "") -> dict[str, float]:
-    """Task-level means of a batch of trajectories."""
-    n = max(len(trajs), 1)
-    turns = sum(len(t.turns) for t in trajs)
-    return {
-        f"{prefix}reward": sum(t.reward for t in trajs) / n,
-        f"{prefix}em_sum": sum(t.em_sum for t in trajs) / n,
-        f"{prefix}f1": sum(sum(t.f1) / max(len(t.f1), 1) for t in trajs) / n,
-        f"{prefix}answered": sum(t.answer is not None for t in trajs) / n,
-        f"{prefix}unknown_rate": unknown_rate([t.answer for t in trajs]),
-        f"{prefix}format_error_rate": sum(t.format_errors for t in trajs) / max(turns, 1),
-        f"{prefix}turns": turns / n,
-        f"{prefix}peak_tokens": sum(t.peak_tokens for t in trajs) / n,
-        f"{prefix}gen_tokens": float(sum(len(x.gen_ids) for t in trajs for x in t.turns)),
-    }
 
 
 def _clean(record: dict[str, Any]) -> dict[str, Any]:
@@ -141,7 +124,7 @@ def iteration_record(
     """One metrics.jsonl line: rollout means, learner stats (train/*), timing."""
     return {
         "iteration": it,
-        **rollout_stats(trajs),
+        **training_summary(trajs),
         **{f"train/{k}": v for k, v in stats.items()},
         "kl": stats.get("kl_ref", 0.0),
         "seconds": seconds,
@@ -155,7 +138,7 @@ def evaluate(runtime: Runtime, tasks: list[Task], out: Path) -> dict[str, float]
     """Greedy rollouts on held-out tasks, written to `out`; -> eval/* means."""
     trajs = runtime.rollout(tasks, seed=0, greedy=True)
     write_trajectories(trajs, out)
-    return rollout_stats(trajs, "eval/") | {"eval/tasks": len(trajs)}
+    return training_summary(trajs, "eval/")
 
 
 def _resume_state(paths: RunPaths, resume: bool, init: Path | None):

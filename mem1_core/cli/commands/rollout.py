@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_rollout(args: argparse.Namespace) -> int:
     import torch
 
-    from mem1_core.evaluation.evaluate import summarize
+    from mem1_core.evaluation.summary import summarize
     from mem1_core.models.model import load_model
     from mem1_core.rollout.generation import HFBackend
     from mem1_core.rollout.loop import rollout

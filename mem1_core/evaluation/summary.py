@@ -1,0 +1,46 @@
+"""One summary of a batch of trajectories: the task-level means that training logs every
+iteration (metrics.jsonl, `eval/*` for its held-out rollouts) and evaluation writes per agent
+and N (eval/metrics.{parquet,csv}), under one set of names (docs/design.md §5)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mem1_core.evaluation.metrics import unknown_rate
+from mem1_core.trajectory.record import Trajectory
+
+TRAINING_NAMES: dict[str, str] = {"reward": "em_frac", "f1": "f1_frac", "answered": "answered_rate"}
+"""The names training's metrics.jsonl has always used for three of the means (old name ->
+summary name); its records carry both."""
+
+
+def summarize(trajs: Sequence[Trajectory], seconds: float | None = None) -> dict[str, float]:
+    """Task-level means of `trajs` (0 for an empty batch); with `seconds` (their wall time)
+    also the time per task."""
+    n = max(len(trajs), 1)
+    turns = sum(len(t.turns) for t in trajs)
+    out = {
+        "tasks": len(trajs),
+        "em_sum": sum(t.em_sum for t in trajs) / n,
+        "em_frac": sum(t.reward for t in trajs) / n,
+        "f1_sum": sum(sum(t.f1) for t in trajs) / n,
+        "f1_frac": sum(sum(t.f1) / max(len(t.f1), 1) for t in trajs) / n,
+        "answered_rate": sum(t.answer is not None for t in trajs) / n,
+        "unknown_rate": unknown_rate([t.answer for t in trajs]),
+        "format_error_rate": sum(t.format_errors for t in trajs) / max(turns, 1),
+        "turns": turns / n,
+        "peak_tokens": sum(t.peak_tokens for t in trajs) / n,
+        "peak_tokens_max": max((t.peak_tokens for t in trajs), default=0),
+        "dependency": sum(t.dependency for t in trajs) / n,
+        "gen_tokens": float(sum(len(x.gen_ids) for t in trajs for x in t.turns)),
+    }
+    if seconds is not None:
+        out["seconds_per_task"] = seconds / n
+    return out
+
+
+def training_summary(trajs: Sequence[Trajectory], prefix: str = "") -> dict[str, float]:
+    """`summarize` under `prefix`, plus the training names of `TRAINING_NAMES`."""
+    means = summarize(trajs)
+    means |= {old: means[new] for old, new in TRAINING_NAMES.items()}
+    return {f"{prefix}{k}": v for k, v in means.items()}
