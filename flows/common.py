@@ -9,6 +9,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.context import FlowRunContext
 
 from mem1_core.config import Config, load_config
+from mem1_core.evaluation.summary import numeric_metrics
 
 
 def build_config(profile: str, config_path: str | None, overrides: list[str] | None) -> Config:
@@ -19,6 +20,11 @@ def run_dir(root: str | None, name: str) -> Path:
     path = Path(root or "runs") / name
     path.mkdir(parents=True, exist_ok=True)
     return path.resolve()
+
+
+def metric_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """A record's numbers as (metric, value) table rows."""
+    return [{"metric": k, "value": v} for k, v in sorted(numeric_metrics(record).items())]
 
 
 def _key(key: str) -> str:

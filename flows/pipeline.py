@@ -8,9 +8,9 @@ stage that is not built yet is reported as such. The summary artifact, `summary.
 `summary.md` in the run directory and the returned headline are built only from the stages
 that actually ran, so a partial pipeline never reads as a finished one.
 
-`mem1-nightly-eval` finds the newest checkpoint under a runs root (`latest_checkpoint`) and
-reports which one it evaluates; until the evaluation stage exists it says so and publishes
-no numbers.
+`mem1-nightly-eval` finds the newest checkpoint under a runs root
+(mem1_core.runs.layout.newest_checkpoint_under) and evaluates it under the memory policy its
+run trained with (recorded in the checkpoint's config.json).
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ from prefect.context import FlowRunContext
 from flows.common import build_config, publish_markdown, publish_table
 from mem1_core.config import config_json
 from mem1_core.runs.atomic import write_json, write_text
+from mem1_core.runs.checkpoint import checkpoint_memory
+from mem1_core.runs.layout import CHECKPOINTS, newest_checkpoint_under
+from mem1_core.runs.summary import render_summary
 from mem1_core.training.actor_pool import reuse_actors
 
 Scalar = int | float | str | bool | None
@@ -41,9 +44,6 @@ RUN_DIR_KEY = "mem1-run-dir"
 SUMMARY_KEY = "mem1-summary"
 HEADLINE_KEY = "mem1-headline"
 NIGHTLY_KEY = "mem1-nightly-eval"
-
-CHECKPOINTS = "checkpoints"
-"""A run's checkpoints live in `<run_dir>/checkpoints/<name>` (a file or a directory)."""
 
 
 @dataclass(frozen=True)
@@ -215,51 +215,6 @@ def headline_rows(results: Mapping[str, StageResult]) -> list[dict[str, Scalar]]
     ]
 
 
-def render_summary(summary: Mapping[str, Any]) -> str:
-    """The summary markdown: status, run directory, every stage's state, headline table."""
-    lines = [
-        f"# mem1 run `{summary['run_name']}` — {summary['status']}",
-        "",
-        f"- run directory: `{summary['run_dir']}`",
-        f"- profile: `{summary['profile']}`",
-        "",
-        "| stage | state | seconds |",
-        "| --- | --- | --- |",
-    ]
-    for name in summary["pipeline"]:
-        if name in summary["seconds"]:
-            state = "failed" if name == summary.get("failed_stage") else "ran"
-            lines.append(f"| {name} | {state} | {summary['seconds'][name]:.1f} |")
-        elif name in summary["not_built"]:
-            lines.append(f"| {name} | not built yet | |")
-        else:
-            lines.append(f"| {name} | not run | |")
-    rows = summary["headline_rows"]
-    lines += ["", "## Headline numbers", ""]
-    if rows:
-        lines += ["| stage | metric | value |", "| --- | --- | --- |"]
-        lines += [f"| {r['stage']} | {r['metric']} | {r['value']} |" for r in rows]
-    else:
-        lines.append("No stage produced numbers.")
-    if summary["not_built"]:
-        lines += [
-            "",
-            "Stages not built yet (no results, nothing pretended): "
-            + ", ".join(summary["not_built"])
-            + ".",
-        ]
-    if summary.get("error"):
-        lines += [
-            "",
-            f"## Failure in `{summary['failed_stage']}`",
-            "",
-            "```",
-            summary["error"],
-            "```",
-        ]
-    return "\n".join(lines) + "\n"
-
-
 def _label_flow_run(run_name: str, profile: str) -> None:
     """Name the flow run after its run directory, so the UI's run list shows it."""
     ctx = FlowRunContext.get()
@@ -368,30 +323,12 @@ def mem1(
     }
 
 
-def latest_checkpoint(runs_root: str | Path) -> Path | None:
-    """The newest checkpoint under `runs_root/*/checkpoints/` or a stage's
-    `runs_root/*/*/checkpoints/` (e.g. `run/ppo_mem1/checkpoints/`), by modification time
-    (ties: by path), or None. Entries starting with `.` are skipped: atomic writes stage there."""
-    root = Path(runs_root)
-    if not root.is_dir():
-        return None
-    found = [
-        entry
-        for pattern in (f"*/{CHECKPOINTS}", f"*/*/{CHECKPOINTS}")
-        for ckdir in root.glob(pattern)
-        if ckdir.is_dir()
-        for entry in ckdir.iterdir()
-        if not entry.name.startswith(".")
-    ]
-    return max(found, key=lambda p: (p.stat().st_mtime, str(p)), default=None)
-
-
 @flow(name="mem1-nightly-eval", log_prints=True)
 def nightly_eval(runs_root: str | None = None, profile: str = "tiny") -> dict[str, Any]:
     """Evaluate the newest checkpoint under `runs_root` across N and publish its tables."""
     cfg = build_config(profile, None, None)  # a bad profile fails here, before any search
     root = resolve_runs_root(runs_root)
-    checkpoint = latest_checkpoint(root)
+    checkpoint = newest_checkpoint_under(root)
     if checkpoint is None:
         text = f"No checkpoint under `{root}` (looked in `*/{CHECKPOINTS}/`): nothing to evaluate."
         print(text)
@@ -404,7 +341,7 @@ def nightly_eval(runs_root: str | None = None, profile: str = "tiny") -> dict[st
     run_dir = checkpoint.parents[1]  # the training run that wrote it holds its tasks and index
     out = run_dir / "nightly" / default_run_name()
     policy = checkpoint / "policy" if (checkpoint / "policy").is_dir() else checkpoint
-    memory = "full" if run_dir.name.endswith("full") else "mem1"
+    memory = checkpoint_memory(checkpoint) or cfg.rollout.memory  # the run's own, when recorded
     result = run_objective_scaling(
         cfg, run_dir, out, [(checkpoint.name, str(policy), memory)], teacher=False, progress=False
     )

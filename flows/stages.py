@@ -21,17 +21,9 @@ from typing import Any
 
 from prefect import flow
 
-from flows.common import build_config, publish_markdown, publish_table
+from flows.common import build_config, metric_rows, publish_markdown, publish_table
 from mem1_core.config import Config
-
-WARM, PPO_MEM1, PPO_FULL, SFT_MEM1, EVAL, ABLATION = (
-    "warm_start",
-    "ppo_mem1",
-    "ppo_full",
-    "sft_mem1",
-    "eval",
-    "ablation",
-)
+from mem1_core.runs.layout import EVAL, PPO_FULL, PPO_MEM1, SFT_MEM1, WARM_START
 
 
 def _with_memory(cfg: Config, memory: str) -> Config:
@@ -50,11 +42,11 @@ def warm_start(
 
     cfg = build_config(profile, config_path, overrides)
     root = Path(run_dir)
-    out = root / WARM
+    out = root / WARM_START
     result = train_sft(cfg, out, warm_start=True, assets_dir=root, resume=True, progress=False)
     publish_table(
         "warm-start",
-        [{"metric": k, "value": v} for k, v in result.items() if isinstance(v, (int, float))],
+        metric_rows(result),
         f"warm start in {out}",
     )
     return result
@@ -81,14 +73,12 @@ def train_ppo_mem1(
     cfg = _with_memory(build_config(profile, config_path, overrides), memory)
     root = Path(run_dir)
     out = root / (PPO_MEM1 if memory == "mem1" else PPO_FULL)
-    result = train_rl(cfg, out, estimator="gae", resume=_resume(out), init=root / WARM, show=False)
+    result = train_rl(
+        cfg, out, estimator="gae", resume=_resume(out), init=root / WARM_START, show=False
+    )
     publish_table(
         f"ppo-{memory}",
-        [
-            {"metric": k, "value": v}
-            for k, v in result["metrics"].items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)
-        ],
+        metric_rows(result["metrics"]),
         f"PPO ({memory}) in {out}",
     )
     return result
@@ -107,42 +97,23 @@ def train_sft_arm(
         cfg,
         root / SFT_MEM1,
         objectives=cfg.data.train_objectives,
-        init=resolve_init(root / WARM),
+        init=resolve_init(root / WARM_START),
         assets_dir=root,
         resume=True,
         progress=False,
     )
 
 
-def agents_of(root: Path) -> list[tuple[str, str, str]]:
-    """(name, policy dir, memory policy) of every trained agent found in the run."""
-    from mem1_core.runs.layout import resolve_init
-
-    found = []
-    for name, sub, memory in (
-        ("warm-start", WARM, "mem1"),
-        ("mem1-ppo", PPO_MEM1, "mem1"),
-        ("mem1-sft", SFT_MEM1, "mem1"),
-        ("full-ppo", PPO_FULL, "full"),
-        ("truncate-ppo", PPO_FULL, "truncate"),
-    ):
-        try:
-            found.append((name, str(resolve_init(root / sub)), memory))
-        except FileNotFoundError:
-            continue
-    return found
-
-
 @flow(name="evaluate-objective-scaling", log_prints=True)
 def evaluate_objective_scaling(
     profile: str, config_path: str | None, overrides: list[str] | None, run_dir: str
 ) -> dict[str, Any]:
-    from mem1_core.evaluation.stage import run_objective_scaling
+    from mem1_core.evaluation.stage import run_objective_scaling, trained_agents
 
     cfg = build_config(profile, config_path, overrides)
     root = Path(run_dir)
     result = run_objective_scaling(
-        cfg, root, root / EVAL, agents_of(root), teacher=True, progress=False
+        cfg, root, root / EVAL, trained_agents(root), teacher=True, progress=False
     )
     publish_table(
         "objective-scaling", result["headline"], f"EM and peak tokens per N, {root / EVAL}"
@@ -160,48 +131,11 @@ def evaluate_objective_scaling(
 @flow(name="ablation-summary", log_prints=True)
 def ablation_summary(run_dir: str) -> dict[str, Any]:
     """RL vs SFT from the same warm start, across N; and the training curves."""
-    import pandas as pd
+    from mem1_core.evaluation.ablation import ablation_summary as summarize_ablation
 
-    from mem1_core.evaluation.scaling import plot_curves, plot_metric_vs_n, read_jsonl
-    from mem1_core.runs import atomic
-
-    root = Path(run_dir)
-    table = pd.read_csv(root / EVAL / "metrics.csv")
-    arms = table[table["agent"].isin(["mem1-ppo", "mem1-sft", "warm-start"])]
-    out = root / ABLATION
-    plot = plot_metric_vs_n(
-        arms,
-        "em_sum",
-        "EM (sum over objectives)",
-        "RL vs SFT from the same warm start",
-        out / "rl_vs_sft.png",
-    )
-    curves = plot_curves(
-        {
-            "ppo mem1": read_jsonl(root / PPO_MEM1 / "metrics.jsonl"),
-            "ppo full": read_jsonl(root / PPO_FULL / "metrics.jsonl"),
-        },
-        "iteration",
-        "reward",
-        "training reward (EM fraction)",
-        "PPO training reward",
-        out / "reward_curve.png",
-    )
-    rows = [
-        {
-            "agent": r.agent,
-            "N": int(r.n_objectives),
-            "em_sum": round(r.em_sum, 3),
-            "em_frac": round(r.em_frac, 3),
-            # objectives answered `?`: the forgetful teacher's habit, kept by SFT (teacher.forget_rate)
-            "unknown_rate": round(getattr(r, "unknown_rate", float("nan")), 3),
-        }
-        for r in arms.itertuples()
-    ]
-    atomic.write_json(rows, out / "rl_vs_sft.json")
-    if rows:
-        publish_table("rl-vs-sft", rows, "RL vs SFT across N (EM)")
-    publish_markdown(
-        "rl-vs-sft-plots", f"# RL vs SFT\n\n- `{plot}`\n- `{curves}`\n", "ablation plots"
-    )
-    return {"rows": rows, "plots": [str(plot), str(curves)]}
+    result = summarize_ablation(run_dir)
+    if result["rows"]:
+        publish_table("rl-vs-sft", result["rows"], "RL vs SFT across N (EM)")
+    plots = "\n".join(f"- `{p}`" for p in result["plots"])
+    publish_markdown("rl-vs-sft-plots", f"# RL vs SFT\n\n{plots}\n", "ablation plots")
+    return result

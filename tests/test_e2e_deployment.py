@@ -27,14 +27,9 @@ import pytest
 import yaml
 
 from deployments import launch
-from flows.pipeline import (
-    PIPELINE,
-    STAGES,
-    StageResult,
-    headline_rows,
-    latest_checkpoint,
-    render_summary,
-)
+from flows.pipeline import PIPELINE, STAGES, StageResult, headline_rows
+from mem1_core.runs.layout import newest_checkpoint_under as latest_checkpoint
+from mem1_core.runs.summary import render_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 # Every stage of the smoke pipeline (two PPO runs on shared Ray actors included): ~2 min on an

@@ -10,7 +10,28 @@ from mem1_core.models.model import load_model
 from mem1_core.rollout.teacher import ScriptedTeacher
 from mem1_core.runs import atomic
 from mem1_core.runs.assets import ensure_tokenizer, load_tasks, make_env, prepare
-from mem1_core.runs.layout import RunPaths
+from mem1_core.runs.layout import PPO_FULL, PPO_MEM1, SFT_MEM1, WARM_START, RunPaths, resolve_init
+
+TRAINED_AGENTS: tuple[tuple[str, str, str], ...] = (
+    ("warm-start", WARM_START, "mem1"),
+    ("mem1-ppo", PPO_MEM1, "mem1"),
+    ("mem1-sft", SFT_MEM1, "mem1"),
+    ("full-ppo", PPO_FULL, "full"),
+    # the full-context agent's policy with its context cut to the last turns
+    ("truncate-ppo", PPO_FULL, "truncate"),
+)
+"""(agent name, stage directory, memory policy) of the agents a pipeline run trains."""
+
+
+def trained_agents(run_dir: str | Path) -> list[tuple[str, str, str]]:
+    """(name, policy dir, memory policy) of every trained agent found in the run."""
+    found = []
+    for name, sub, memory in TRAINED_AGENTS:
+        try:
+            found.append((name, str(resolve_init(Path(run_dir) / sub)), memory))
+        except FileNotFoundError:
+            continue
+    return found
 
 
 def run_objective_scaling(

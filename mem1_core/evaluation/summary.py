@@ -39,6 +39,13 @@ def summarize(trajs: Sequence[Trajectory], seconds: float | None = None) -> dict
     return out
 
 
+def numeric_metrics(record: dict) -> dict[str, int | float]:
+    """The numeric entries of a record (int or float, not bool): what a metrics table shows."""
+    return {
+        k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
 def training_summary(trajs: Sequence[Trajectory], prefix: str = "") -> dict[str, float]:
     """`summarize` under `prefix`, plus the training names of `TRAINING_NAMES`."""
     means = summarize(trajs)

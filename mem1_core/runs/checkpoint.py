@@ -168,6 +168,16 @@ def _save_critic_state(critic: Critic, state: dict[str, torch.Tensor], out: Path
     save_file(head, str(out / VALUE_HEAD_FILE))
 
 
+def checkpoint_memory(path: str | Path) -> str | None:
+    """The memory policy the checkpoint's run trained under, from its config.json
+    (`rollout.memory`; `rollout.policy` in checkpoints written before the rename), or None."""
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return None
+    rollout = json.loads(config.read_text()).get("rollout", {})
+    return rollout.get("memory") or rollout.get("policy")
+
+
 def read_state(path: str | Path) -> TrainState:
     data = json.loads((Path(path) / STATE_FILE).read_text())
     return TrainState(**data)

@@ -32,6 +32,16 @@ from mem1_core.runs.checkpoint import latest_checkpoint
 CHECKPOINTS = "checkpoints"
 POLICY = "policy"
 
+# A pipeline run's stage directories, each laid out like a run directory.
+WARM_START, PPO_MEM1, PPO_FULL, SFT_MEM1, EVAL, ABLATION = (
+    "warm_start",
+    "ppo_mem1",
+    "ppo_full",
+    "sft_mem1",
+    "eval",
+    "ablation",
+)
+
 
 @dataclass(frozen=True)
 class RunPaths:

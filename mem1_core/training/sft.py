@@ -205,6 +205,7 @@ def train_sft(
     The run's shared assets (world, tasks, tokenizer, index) live in `assets_dir`
     (default: `out_dir`)."""
     from mem1_core.evaluation.evaluate import evaluate_policy
+    from mem1_core.evaluation.summary import numeric_metrics
     from mem1_core.models.model import load_model
     from mem1_core.runs.assets import (
         adopt_init_tokenizer,
@@ -317,6 +318,6 @@ def train_sft(
         "eval_format_error_rate_after": after["eval_format_error_rate"],
         "policy_dir": str(out / "policy"),
     }
-    summary["metrics"] = {k: v for k, v in summary.items() if isinstance(v, (int, float))}
+    summary["metrics"] = numeric_metrics(summary)
     atomic.write_json(summary, out / "result.json")
     return summary
