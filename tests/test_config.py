@@ -69,10 +69,10 @@ def test_gpu_training_fields_reject_bad_values(overrides, message):
 
 
 def test_rollout_backend():
-    from mem1_core.training.ray_runtime import _vllm_importable, resolve_backend
+    from mem1_core.training.vllm_engine import resolve_backend, vllm_importable
 
     auto = resolve_backend(load_config("paper"))
-    assert auto.rollout.backend == ("vllm" if _vllm_importable() else "hf")
+    assert auto.rollout.backend == ("vllm" if vllm_importable() else "hf")
     assert resolve_backend(load_config("tiny")).rollout.backend == "hf"
     assert load_config("tiny").rollout.backend == "hf"
     paper = load_config("paper")

@@ -164,7 +164,7 @@ def _config(*extra: str):
 def ray_session():
     """One private Ray for this module's groups and runs (train_rl then does not own it)."""
     ray = pytest.importorskip("ray")
-    from mem1_core.training.ray_runtime import start_ray
+    from mem1_core.training.ray_start import start_ray
 
     owns = start_ray(_config(*FSDP).resources)
     yield
@@ -178,7 +178,7 @@ def rolled(tmp_path_factory):
     samples, the last dropped), the first sample of each task declared right so that the
     advantages are not all zero."""
     from mem1_core.runs.assets import load_tasks, prepare
-    from mem1_core.training.ray_runtime import RolloutWorker
+    from mem1_core.training.workers import RolloutWorker
 
     cfg = _config()
     root = tmp_path_factory.mktemp("fsdp_run")
@@ -239,7 +239,7 @@ def test_the_fsdp_group_updates_saves_and_restores_as_the_single_learner(
     from mem1_core.rl.critic import Critic
     from mem1_core.runs.checkpoint import TrainState, read_state
     from mem1_core.training.fsdp_learner import start_learner_group
-    from mem1_core.training.ray_runtime import Learner
+    from mem1_core.training.learner import Learner
 
     root, trajs = rolled
     single = Learner(_config(), str(root), None, estimator, threads=1)
@@ -324,7 +324,7 @@ def test_train_rl_with_an_fsdp_learner_trains_checkpoints_and_resumes(
 def test_impossible_fsdp_settings_fail_with_the_way_out(tmp_path):
     from mem1_core.config import load_config
     from mem1_core.runs.layout import RunPaths
-    from mem1_core.training.ray_runtime import Runtime
+    from mem1_core.training.runtime import Runtime
 
     cfg = load_config("smoke", None, FSDP)
     assert cfg.resources.learner_world == 2 and load_config("smoke").resources.learner_world == 1

@@ -139,7 +139,7 @@ def test_missing_vllm_says_how_to_install(monkeypatch):
 def test_vllm_rollouts_without_vllm_say_which_venv(monkeypatch, tmp_path):
     """The trainer refuses before building anything (no assets, no Ray, no saved policy)."""
     from mem1_core.runs.layout import RunPaths
-    from mem1_core.training.ray_runtime import Runtime
+    from mem1_core.training.runtime import Runtime
 
     monkeypatch.setitem(sys.modules, "vllm", None)
     cfg = load_config("smoke", overrides=["rollout.backend=vllm"])

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
+import torch
 
 from mem1_core.config import Config
 from mem1_core.data.compose import compose, write_tasks
@@ -155,6 +157,14 @@ def initial_policy(cfg: Config, tokenizer):
     if cfg.model.name_or_path is None:
         return build_tiny_model(cfg.model, tokenizer)
     return load_model(cfg.model.name_or_path, cfg.model, tokenizer)
+
+
+def load_policy(cfg: Config, tokenizer: Any, init: Path | None, device: torch.device):
+    """The policy a run starts from (`init`, else the initial policy) on `device`, in eval mode."""
+    model = (
+        initial_policy(cfg, tokenizer) if init is None else load_model(init, cfg.model, tokenizer)
+    )
+    return model.to(device).eval()
 
 
 def teacher_world(cfg: Config, paths: RunPaths, k: int) -> tuple[Config, RunPaths]:

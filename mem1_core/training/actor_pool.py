@@ -16,10 +16,16 @@ again (models, optimisers, environment), so a reused run trains exactly as a fre
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
+
+import torch
+
+from mem1_core.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -69,3 +75,36 @@ def take(key: tuple) -> Any | None:
     if _parked is None:
         return None
     return _parked.pop(key, None)
+
+
+def reuse_key(cfg: Config, index: Path | None) -> tuple:
+    """What a parked runtime must share with a new run to serve it:
+    the resources and placement of its actors, the generation backend and model family they
+    loaded, and the corpus its retriever serves (by fingerprint: each stage of a pipeline
+    has its own copy of the same index)."""
+    from mem1_core.retrieval.base import read_manifest
+
+    resources = cfg.resources
+    corpus = None if index is None else read_manifest(index).corpus_fingerprint
+    return (
+        resources.num_rollout_workers,
+        resources.cpus_per_worker,
+        resources.gpus_per_worker,
+        resources.learner_cpus,
+        resources.learner_gpus,
+        resources.ray_address,
+        cfg.rollout.backend,
+        cfg.model.name_or_path,
+        cfg.retrieval.kind,
+        cfg.retrieval.url,
+        corpus,
+    )
+
+
+def drop_state(actor: object) -> None:
+    """Free an actor's models before it builds new ones: on a GPU, two policies (and a
+    learner's optimiser states) at once may not fit."""
+    actor.__dict__.clear()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

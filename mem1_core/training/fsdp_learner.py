@@ -4,7 +4,7 @@
 the frozen reference and the critic (mem1_core.training.fsdp), form one torch.distributed group
 (NCCL on CUDA, gloo on CPU). Rank 0 opens the group's TCP store on a free port of its node
 and hands the address to the others (`start_learner_group`). The driver
-(mem1_core.training.ray_runtime.Runtime) calls every rank alike and keeps rank 0's answer.
+(mem1_core.training.runtime.Runtime) calls every rank alike and keeps rank 0's answer.
 
 `LearnerRank.update` is mem1_core.rl.ppo.update with its two passes, `sharded_score` and
 `sharded_epochs`, splitting the rows over ranks. Every rank gets the same trajectories, so
@@ -78,7 +78,7 @@ from mem1_core.runs.checkpoint import (
 )
 from mem1_core.runs.layout import RunPaths
 from mem1_core.training.fsdp import full_state_dict, rank_rows, shard_critic, shard_policy
-from mem1_core.training.ray_runtime import KEEP_CHECKPOINTS, run_update
+from mem1_core.training.learner import KEEP_CHECKPOINTS, run_update
 from mem1_core.trajectory.logprobs import tree_attention_mask
 from mem1_core.trajectory.record import Trajectory
 from mem1_core.trajectory.tree import FlatBatch
@@ -298,7 +298,7 @@ def _node_address() -> str:
 
 class LearnerRank:
     """One rank of the FSDP learner: its shards of policy, reference and critic, their
-    optimisers, and the same methods as mem1_core.training.ray_runtime.Learner (`update`,
+    optimisers, and the same methods as mem1_core.training.learner.Learner (`update`,
     `get_weights`, `save`, `restore`), each a collective: call every rank at once.
 
     Two steps before those (`start_learner_group`): `rendezvous` on rank 0, then `connect`
@@ -356,7 +356,7 @@ class LearnerRank:
         self._build(mesh)
 
     def _build(self, mesh: Any) -> None:
-        """The single learner's models (mem1_core.training.ray_runtime.Learner), sharded: float32
+        """The single learner's models (mem1_core.training.learner.Learner), sharded: float32
         master weights computing in `model.dtype`; the reference stays as loaded. Every
         rank builds the same full models (the initial policy is seeded, a saved one is
         read) and keeps its shard."""
@@ -541,7 +541,7 @@ def _check_resumable(ckpt: Path, state: TrainState, estimator: str) -> None:
 def start_learner_group(cfg: Config, run_root: str, init: str | None, estimator: str) -> list[Any]:
     """Start `cfg.resources.learner_world` LearnerRank actors (each asking for `learner_cpus` CPUs
     and one GPU when the learner has GPUs), form their process group and load the models.
-    -> the actors, rank 0 first. Ray must be running (mem1_core.training.ray_runtime.start_ray)."""
+    -> the actors, rank 0 first. Ray must be running (mem1_core.training.ray_start.start_ray)."""
     import ray
 
     resources = cfg.resources

@@ -36,7 +36,7 @@ from mem1_core.runs.assets import adopt_init_tokenizer, load_tasks, prepare
 from mem1_core.runs.atomic import write_text
 from mem1_core.runs.checkpoint import TrainState, latest_checkpoint, read_state, remove_partial
 from mem1_core.runs.layout import RunPaths, resolve_init
-from mem1_core.training.ray_runtime import Runtime
+from mem1_core.training.runtime import Runtime
 from mem1_core.trajectory.record import Trajectory, write_trajectories
 
 log = logging.getLogger(__name__)

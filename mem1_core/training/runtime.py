@@ -1,0 +1,232 @@
+"""Where RL training runs: rollout workers, a learner and the retriever as Ray actors
+(docs/design.md §4.6), or the same classes as plain objects in this process (`use_ray=False`).
+`Runtime` is the driver's view of them, calling remote and local actors alike:
+
+- the rollout workers (mem1_core.training.workers.RolloutWorker), each rolling out a share
+  of an iteration's tasks;
+- the learner (mem1_core.training.learner.Learner), or under
+  `resources.learner_strategy=fsdp` a group of ranks (mem1_core.training.fsdp_learner):
+  every learner call goes to all of them (each call is a collective) and returns rank 0's
+  answer;
+- the retriever: mem1_core.retrieval.ray_actor.RetrieverActor, one per run.
+
+Weights go learner -> workers through the Ray object store: the driver passes the
+ObjectRef that `get_weights` returned (Ray already stored the result there) to every
+worker, so the weights never pass through the driver. On a laptop everything shares one
+local Ray with CPU resources; the resource requests come from `ResourcesConfig`, so the same
+code asks for GPUs on a cluster (`resources.ray_address`). Actors are reused across the runs
+of a pipeline inside `actor_pool.reuse_actors()`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from mem1_core.config import Config
+from mem1_core.rollout.loop import Task
+from mem1_core.runs.checkpoint import TrainState
+from mem1_core.runs.layout import RunPaths
+from mem1_core.training import actor_pool
+from mem1_core.training.learner import Learner
+from mem1_core.training.ray_start import RETRIEVER_CPUS, start_ray
+from mem1_core.training.vllm_engine import require_vllm, resolve_backend
+from mem1_core.training.workers import RolloutWorker
+from mem1_core.trajectory.record import Trajectory
+
+log = logging.getLogger(__name__)
+
+
+class Runtime:
+    """Workers and learner, remote (Ray actors) or local (plain objects), called alike.
+    `learners` is the one Learner, or the FSDP group's ranks (rank 0 first): every learner
+    call goes to all of them and returns rank 0's answer."""
+
+    def __init__(
+        self,
+        workers: list[Any],
+        learners: list[Any],
+        remote: bool,
+        owns_ray: bool = False,
+        retriever: Any = None,
+    ):
+        self.workers, self.learners, self.remote = workers, learners, remote
+        self.owns_ray, self.retriever = owns_ray, retriever
+        self.reuse_key: tuple | None = None
+        """Set when these actors may serve a later run of the same shape (actor_pool)."""
+
+    @classmethod
+    def start(
+        cls,
+        cfg: Config,
+        paths: RunPaths,
+        *,
+        init: Path | None,
+        estimator: str,
+        use_ray: bool = True,
+        log_to_driver: bool = False,
+    ) -> Runtime:
+        init_s = None if init is None else str(init)
+        resources, root = cfg.resources, str(paths.root)
+        fsdp = resources.learner_strategy == "fsdp"
+        if fsdp and not use_ray:
+            raise ValueError(
+                "resources.learner_strategy=fsdp runs each learner rank as a Ray actor: run with Ray "
+                "(drop --no-ray), or use resources.learner_strategy=single"
+            )
+        cfg = resolve_backend(cfg)
+        require_vllm(cfg)  # here, not as an actor's constructor error after Ray has started
+        if not use_ray:
+            workers = [
+                RolloutWorker(cfg, root, init_s) for _ in range(resources.num_rollout_workers)
+            ]
+            return cls(workers, [Learner(cfg, root, init_s, estimator)], remote=False)
+        import ray
+
+        from mem1_core.retrieval.ray_actor import start_retriever_actor
+        from mem1_core.runs.assets import ensure_index
+
+        index = None if cfg.retrieval.url else ensure_index(cfg, paths)
+        # Not reused: an FSDP group (its process group) and vLLM engines (a second engine in
+        # the same process would not get the first one's GPU memory back).
+        reusable = not fsdp and cfg.rollout.backend != "vllm"
+        key = actor_pool.reuse_key(cfg, index) if reusable else None
+        if key is not None and (parked := actor_pool.take(key)) is not None:
+            try:
+                parked.reset(cfg, root, init_s, estimator)
+                return parked
+            except Exception:  # noqa: BLE001 - a dead actor: start afresh instead
+                log.warning(
+                    "parked Ray actors could not be reset; starting new ones", exc_info=True
+                )
+                parked.shutdown(park=False)
+        owns = start_ray(resources, log_to_driver=log_to_driver)
+        retriever = None
+        if index is not None:  # else an HTTP retriever is already shared
+            retriever = start_retriever_actor(index, num_cpus=RETRIEVER_CPUS)
+        worker_cls = ray.remote(RolloutWorker).options(
+            num_cpus=resources.cpus_per_worker, num_gpus=resources.gpus_per_worker
+        )
+        threads = max(1, int(resources.cpus_per_worker))
+        workers = [
+            worker_cls.remote(cfg, root, init_s, retriever, threads)
+            for _ in range(resources.num_rollout_workers)
+        ]
+        runtime = cls(workers, [], remote=True, owns_ray=owns, retriever=retriever)
+        runtime.reuse_key = key
+        try:
+            if fsdp:  # waits until the group has formed and loaded its shards
+                from mem1_core.training.fsdp_learner import start_learner_group
+
+                runtime.learners = start_learner_group(cfg, root, init_s, estimator)
+            else:
+                learner = (
+                    ray.remote(Learner)
+                    .options(num_cpus=resources.learner_cpus, num_gpus=resources.learner_gpus)
+                    .remote(cfg, root, init_s, estimator, max(1, int(resources.learner_cpus)))
+                )
+                runtime.learners = [learner]
+        except BaseException:
+            runtime.shutdown()
+            raise
+        return runtime
+
+    def _call(self, target: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+        fn = getattr(target, method)
+        return fn.remote(*args, **kwargs) if self.remote else fn(*args, **kwargs)
+
+    def _get(self, value: Any) -> Any:
+        if not self.remote:
+            return value
+        import ray
+
+        return ray.get(value)
+
+    def rollout(
+        self, tasks: list[Task], seed: int, *, greedy: bool = False, samples_per_task: int = 1
+    ) -> list[Trajectory]:
+        """Split `tasks` into contiguous shares, one per worker; trajectories in task order."""
+        n = len(self.workers)
+        bounds = [len(tasks) * i // n for i in range(n + 1)]
+        parts = [
+            self._call(
+                w,
+                "rollout",
+                tasks[bounds[i] : bounds[i + 1]],
+                seed * 1009 + i,
+                greedy=greedy,
+                samples_per_task=samples_per_task,
+                group_offset=bounds[i],
+            )
+            for i, w in enumerate(self.workers)
+            if bounds[i + 1] > bounds[i]
+        ]
+        return [t for part in self._get(parts) for t in part]
+
+    def _on_learners(self, method: str, *args: Any) -> Any:
+        """Call `method` on every learner rank at once (a collective); -> rank 0's answer."""
+        return self._get_all([self._call(r, method, *args) for r in self.learners])[0]
+
+    def _get_all(self, values: list[Any]) -> list[Any]:
+        """`_get` of several calls that raises as soon as one of them fails: a failed rank
+        leaves the others waiting in a collective, which would hold a plain ray.get of the
+        list until the process group's timeout (shutdown then kills them)."""
+        if not self.remote:
+            return values
+        import ray
+
+        pending = list(values)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            ray.get(done)
+        return ray.get(values)
+
+    def update(self, trajs: list[Trajectory], iteration: int) -> dict[str, Any]:
+        if self.remote and len(self.learners) > 1:
+            import ray
+
+            trajs = ray.put(trajs)  # stored once, read by every rank
+        return self._on_learners("update", trajs, iteration)
+
+    def sync_weights(self) -> None:
+        """Learner -> object store -> every worker (an ObjectRef is resolved in the worker).
+        FSDP ranks gather the full weights together; rank 0's copy is the one sent."""
+        weights = [self._call(r, "get_weights") for r in self.learners]
+        loads = [self._call(w, "load_weights", weights[0]) for w in self.workers]
+        self._get_all([*loads, *weights[1:]])
+
+    def save(self, state: TrainState) -> Path:
+        return Path(self._on_learners("save", state))
+
+    def restore(self, path: Path) -> TrainState:
+        return self._on_learners("restore", str(path))
+
+    def reset(self, cfg: Config, root: str, init: str | None, estimator: str) -> None:
+        """Reuse these actors for another run: each runs its constructor again with the new
+        run's config, directory and policy (the retriever serves the same corpus: the key)."""
+        resources = cfg.resources
+        workers = [
+            w.reset.remote(cfg, root, init, self.retriever, max(1, int(resources.cpus_per_worker)))
+            for w in self.workers
+        ]
+        learners = [
+            r.reset.remote(cfg, root, init, estimator, max(1, int(resources.learner_cpus)))
+            for r in self.learners
+        ]
+        self._get_all([*workers, *learners])
+
+    def shutdown(self, park: bool = True) -> None:
+        """Stop the actors (and the Ray this runtime started); inside
+        `actor_pool.reuse_actors()` they are parked for the next run instead."""
+        if not self.remote:
+            return
+        if park and self.reuse_key is not None and actor_pool.park(self.reuse_key, self):
+            return
+        import ray
+
+        for actor in [*self.workers, *self.learners, self.retriever]:
+            if actor is not None:
+                ray.kill(actor)
+        if self.owns_ray:
+            ray.shutdown()

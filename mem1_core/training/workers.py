@@ -1,0 +1,101 @@
+"""The rollout worker: a generation backend (`rollout.backend`: Hugging Face with a KV cache,
+or a vLLM engine), the QA environment and a retriever client (a handle to the shared
+retriever actor, an HTTP server, or its own in-process index); it rolls out a share of each
+iteration's tasks with the latest weights the learner sent. An actor whose GPU request is
+> 0 puts its model on CUDA (when CUDA is there) in `model.dtype`; rollout workers generate
+with sdpa even when the learner trains with FlexAttention (`model.attn`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mem1_core.config import Config
+from mem1_core.rollout.generation import HFBackend
+from mem1_core.rollout.loop import Task, rollout
+from mem1_core.runs.assets import ensure_tokenizer, load_policy, make_env
+from mem1_core.runs.layout import RunPaths
+from mem1_core.training.actor_pool import drop_state
+from mem1_core.training.ray_start import actor_device, set_threads
+from mem1_core.training.vllm_engine import require_vllm, vllm_backend
+from mem1_core.trajectory.logprobs import Attn, use_attention
+from mem1_core.trajectory.record import Trajectory
+
+
+class RolloutWorker:
+    """Generates trajectories with the latest weights the learner sent."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        run_root: str,
+        init: str | None = None,
+        retriever: Any = None,
+        threads: int | None = None,
+    ):
+        set_threads(threads)
+        require_vllm(cfg)
+        paths = RunPaths(Path(run_root))
+        self.cfg = cfg
+        self.device = actor_device(cfg.resources.gpus_per_worker)
+        tok = ensure_tokenizer(cfg, paths)
+        init_dir = None if init is None else Path(init)
+        if cfg.rollout.backend == "vllm":
+            cuda = self.device.type == "cuda"
+            self.backend = vllm_backend(cfg, paths, tok, init_dir, cuda)
+        else:
+            model = load_policy(cfg, tok, init_dir, self.device)
+            # FlexAttention is the learner's tree path; Hugging Face generation (a KV cache
+            # and a growing length every step) runs sdpa, which computes the same function.
+            use_attention(model, Attn.SDPA if cfg.model.attn == Attn.FLEX else None)
+            self.backend = HFBackend(
+                model, tok.pad_token_id, tok.eos_token_id, cfg.rollout.batch_size
+            )
+        if retriever is not None:
+            from mem1_core.retrieval.ray_actor import RayRetriever
+
+            retriever = RayRetriever(retriever)
+        self.env = make_env(cfg, paths, tok, retriever)  # None: make_retriever(cfg, paths)
+
+    def reset(self, *args: Any) -> None:
+        """Become a fresh worker for another run, in this process (mem1_core.training.actor_pool)."""
+        drop_state(self)
+        self.__init__(*args)
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        self.backend.load_state_dict(state)
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        if not isinstance(self.backend, HFBackend):
+            raise NotImplementedError(
+                "a vLLM worker holds the weights in vLLM's fused layout (qkv_proj, "
+                "gate_up_proj), not as Hugging Face names; the learner's get_weights has them"
+            )
+        return {k: v.detach().cpu() for k, v in self.backend.model.state_dict().items()}
+
+    def rollout(
+        self,
+        tasks: list[Task],
+        seed: int,
+        *,
+        greedy: bool = False,
+        samples_per_task: int = 1,
+        group_offset: int = 0,
+    ) -> list[Trajectory]:
+        """Roll `tasks` out; GRPO groups are numbered from `group_offset` (unique per run
+        of tasks across workers)."""
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        trajs = rollout(
+            tasks,
+            self.backend,
+            self.env,
+            self.cfg.rollout,
+            greedy=greedy,
+            samples_per_task=samples_per_task,
+            generator=gen,
+        )
+        for t in trajs:
+            t.group += group_offset
+        return trajs
