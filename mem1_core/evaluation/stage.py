@@ -9,7 +9,13 @@ from mem1_core.evaluation.scaling import Agent, evaluate_scaling, headline, rati
 from mem1_core.models.model import load_model
 from mem1_core.rollout.teacher import ScriptedTeacher
 from mem1_core.runs import atomic
-from mem1_core.runs.assets import ensure_tokenizer, load_tasks, make_env, prepare
+from mem1_core.runs.assets import (
+    adopt_init_tokenizer,
+    ensure_tokenizer,
+    load_tasks,
+    make_env,
+    prepare,
+)
 from mem1_core.runs.layout import PPO_FULL, PPO_MEM1, SFT_MEM1, WARM_START, RunPaths, resolve_init
 
 TRAINED_AGENTS: tuple[tuple[str, str, str], ...] = (
@@ -45,11 +51,14 @@ def run_objective_scaling(
     progress: bool = True,
 ) -> dict:
     """agents: (name, policy_dir, memory policy). Returns table rows, ratios, plot paths."""
+    # Every agent reads with its own tokenizer: the run adopts theirs (all must agree).
+    for _name, path, _memory in agents:
+        adopt_init_tokenizer(cfg, RunPaths(Path(run_dir).resolve()), Path(path))
     paths: RunPaths = prepare(cfg, run_dir)
     tok = ensure_tokenizer(cfg, paths)
     env = make_env(cfg, paths, tok)
     ns = objectives or cfg.data.eval_objectives
-    tasks_by_n = {n: load_tasks(cfg, paths, "test", n)[: cfg.data.max_eval_tasks] for n in ns}
+    tasks_by_n = {n: load_tasks(cfg, paths, "test", n)[: cfg.data.eval_tasks(n)] for n in ns}
     built = [Agent(name, memory, load_model(path, cfg.model, tok)) for name, path, memory in agents]
     if teacher:
         every = [t for ts in tasks_by_n.values() for t in ts]

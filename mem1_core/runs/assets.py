@@ -43,7 +43,10 @@ def corpus_path(cfg: Config, paths: RunPaths) -> Path:
 def ensure_tasks(cfg: Config, paths: RunPaths, split: str, n: int) -> Path:
     """The composed N-objective tasks of `split` (world: train/test by entity)."""
     out = paths.task_file(split, n)
-    if out.exists():
+    cap = cfg.data.max_train_tasks if split == "train" else cfg.data.eval_tasks(n)
+    # A file composed under a smaller cap is composed again: composition is deterministic
+    # and the tasks come in the same order, so the old tasks are a prefix of the new ones.
+    if out.exists() and (cap is None or pq.read_metadata(out).num_rows >= cap or _complete(out)):
         return out
     if cfg.data.source == "world":
         questions = world_questions(pq.read_table(ensure_world(cfg, paths) / "questions.parquet"))
@@ -64,7 +67,6 @@ def ensure_tasks(cfg: Config, paths: RunPaths, split: str, n: int) -> Path:
             tables.append(load_nq(cfg.data.nq, "train" if split == "train" else "validation").table)
         questions = Loaded(pa.concat_tables(tables))
         use_split = None
-    cap = cfg.data.max_train_tasks if split == "train" else cfg.data.max_eval_tasks
     table, _ = compose(
         questions.table,
         n,
@@ -78,14 +80,30 @@ def ensure_tasks(cfg: Config, paths: RunPaths, split: str, n: int) -> Path:
     return out
 
 
+def _complete(task_file: Path) -> bool:
+    """True if a task file holds every task its questions allowed (no cap cut it)."""
+    import json
+
+    meta = pq.read_schema(task_file).metadata or {}
+    cap = json.loads(meta.get(b"config", b"{}")).get("max_tasks")
+    return cap is None or pq.read_metadata(task_file).num_rows < cap
+
+
 def load_tasks(cfg: Config, paths: RunPaths, split: str, n: int) -> list[Task]:
     return tasks_from_table(pq.read_table(ensure_tasks(cfg, paths, split, n)))
 
 
 def ensure_tokenizer(cfg: Config, paths: RunPaths):
-    """The tiny tokenizer trained on the world corpus and task prompts, or a hub tokenizer."""
+    """The run's tokenizer: a hub model's; else the base's (`model.base`: one tokenizer for
+    every run and world); else the tiny tokenizer trained on the world corpus and prompts."""
     if cfg.model.name_or_path is not None:
         return load_tokenizer(cfg.model.name_or_path)
+    if cfg.model.base is not None:
+        from mem1_core.models.base import check_base, resolve_base
+
+        check_base(cfg.model.base)
+        adopt_init_tokenizer(cfg, paths, resolve_base(cfg.model.base))
+        return load_tokenizer(paths.tokenizer)
     if not (paths.tokenizer / "tokenizer.json").exists():
         world = ensure_world(cfg, paths)
         corpus = pq.read_table(world / "corpus.parquet")["contents"].to_pylist()
@@ -153,7 +171,13 @@ def make_env(cfg: Config, paths: RunPaths, tokenizer, retriever: Retriever | Non
 
 
 def initial_policy(cfg: Config, tokenizer):
-    """The untrained starting point: the tiny model from config, or the hub model."""
+    """The starting point: the hub model, the shipped base (`model.base`), or the tiny model
+    from config with random weights."""
+    if cfg.model.base is not None:
+        from mem1_core.models.base import check_base, resolve_base
+
+        check_base(cfg.model.base)
+        return load_model(resolve_base(cfg.model.base), cfg.model, tokenizer)
     if cfg.model.name_or_path is None:
         return build_tiny_model(cfg.model, tokenizer)
     return load_model(cfg.model.name_or_path, cfg.model, tokenizer)

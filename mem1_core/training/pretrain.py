@@ -26,7 +26,6 @@ figures are measured on worlds no round trained on (`pretrain.eval_world_seeds`)
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
@@ -47,33 +46,10 @@ from mem1_core.data.prompts import (
     INFO_OPEN,
     IS_CLOSE,
     IS_OPEN,
-    TAGS,
     join_answers,
 )
+from mem1_core.models.base import MANIFEST, format_fingerprint, tokenizer_hash
 from mem1_core.runs import atomic
-
-MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
-"""Bumped when the prompt, the tags or the teacher's format change in a way that makes an
-older base read another format than the current code writes."""
-
-
-def tokenizer_hash(tok) -> str:
-    """A stable fingerprint of a tokenizer: its vocabulary and its special tokens."""
-    vocab = sorted(tok.get_vocab().items())
-    blob = json.dumps({"vocab": vocab, "special": sorted(tok.all_special_tokens)})
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def format_fingerprint() -> dict:
-    """What a base must agree with to read and write the current format."""
-    from mem1_core.data.prompts import TASK_INSTRUCTIONS
-
-    return {
-        "format_version": FORMAT_VERSION,
-        "tags": list(TAGS),
-        "instructions_sha": hashlib.sha256(TASK_INSTRUCTIONS.encode()).hexdigest()[:16],
-    }
 
 
 @dataclass

@@ -4,6 +4,7 @@ write its trajectories to Parquet."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 from mem1_core.cli.commands.data import add_config_args, config_from_args
@@ -36,6 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     import torch
 
     from mem1_core.evaluation.summary import summarize
@@ -43,6 +46,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from mem1_core.rollout.generation import HFBackend
     from mem1_core.rollout.loop import rollout
     from mem1_core.runs.assets import (
+        RunPaths,
+        adopt_init_tokenizer,
         ensure_tokenizer,
         initial_policy,
         load_tasks,
@@ -52,12 +57,27 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from mem1_core.trajectory.record import write_trajectories
 
     cfg = config_from_args(args)
+    if args.split == "test":  # compose as many test tasks as asked for
+        cfg = dataclasses.replace(
+            cfg,
+            data=dataclasses.replace(
+                cfg.data, max_eval_tasks=args.tasks, eval_objectives_per_n=None
+            ),
+        )
+    if args.policy_dir:  # a policy reads with its own tokenizer, on any world
+        adopt_init_tokenizer(cfg, RunPaths(Path(args.run).resolve()), Path(args.policy_dir))
     paths = prepare(cfg, args.run)
     tok = ensure_tokenizer(cfg, paths)
     model = (
         load_model(args.policy_dir, cfg.model, tok) if args.policy_dir else initial_policy(cfg, tok)
     )
     tasks = load_tasks(cfg, paths, args.split, args.objectives)[: args.tasks]
+    if len(tasks) < args.tasks:
+        raise ValueError(
+            f"--tasks {args.tasks}: the {args.split} split has only {len(tasks)} tasks at "
+            f"N={args.objectives} in {paths.task_file(args.split, args.objectives)}"
+            + ("" if args.split == "test" else " (data.max_train_tasks caps it)")
+        )
     backend = HFBackend(model, tok.pad_token_id, tok.eos_token_id, cfg.rollout.batch_size)
     import time
 
