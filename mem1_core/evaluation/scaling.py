@@ -90,12 +90,20 @@ def _save(fig, path: Path) -> Path:
 
 
 def plot_metric_vs_n(
-    table: pd.DataFrame, metric: str, ylabel: str, title: str, path: Path, logy: bool = False
+    table: pd.DataFrame,
+    metric: str,
+    ylabel: str,
+    title: str,
+    path: Path,
+    logy: bool = False,
+    err: str | None = None,
 ) -> Path:
+    """One line per agent over N; `err` names a standard-error column drawn as error bars."""
     fig, ax = plt.subplots(figsize=(6, 4))
     for agent, g in table.groupby("agent", sort=False):
         g = g.sort_values("n_objectives")
-        ax.plot(g["n_objectives"], g[metric], marker="o", label=agent)
+        yerr = g[err].fillna(0) if err and err in g else None
+        ax.errorbar(g["n_objectives"], g[metric], yerr=yerr, marker="o", capsize=3, label=agent)
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted(table["n_objectives"].unique()))
     ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
@@ -137,10 +145,11 @@ def scaling_plots(table: pd.DataFrame, out_dir: Path) -> dict[str, Path]:
         ),
         "em": plot_metric_vs_n(
             table,
-            "em_sum",
-            "EM (sum over objectives)",
+            "em_frac",
+            "EM fraction (± standard error)",
             "Exact match vs objectives",
             out_dir / "em.png",
+            err="em_frac_se",
         ),
     }
 

@@ -23,6 +23,7 @@ def summarize(trajs: Sequence[Trajectory], seconds: float | None = None) -> dict
         "tasks": len(trajs),
         "em_sum": sum(t.em_sum for t in trajs) / n,
         "em_frac": sum(t.reward for t in trajs) / n,
+        "em_frac_se": _standard_error([t.reward for t in trajs]),
         "f1_sum": sum(sum(t.f1) for t in trajs) / n,
         "f1_frac": sum(sum(t.f1) / max(len(t.f1), 1) for t in trajs) / n,
         "answered_rate": sum(t.answer is not None for t in trajs) / n,
@@ -37,6 +38,14 @@ def summarize(trajs: Sequence[Trajectory], seconds: float | None = None) -> dict
     if seconds is not None:
         out["seconds_per_task"] = seconds / n
     return out
+
+
+def _standard_error(xs: list[float]) -> float:
+    """The standard error of the mean over tasks (NaN below two tasks: no spread to see)."""
+    if len(xs) < 2:
+        return float("nan")
+    mean = sum(xs) / len(xs)
+    return (sum((x - mean) ** 2 for x in xs) / (len(xs) - 1) / len(xs)) ** 0.5
 
 
 def numeric_metrics(record: dict) -> dict[str, int | float]:

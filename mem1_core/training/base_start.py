@@ -58,4 +58,3 @@ def start_from_base(cfg, out_dir: str | Path, assets_dir: str | Path, *, memory:
     }
     atomic.write_json(summary, out / "result.json")
     return summary
-

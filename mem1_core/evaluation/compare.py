@@ -1,0 +1,157 @@
+"""Runs over time: two run directories side by side (`mem1 compare RUN_A RUN_B`), and the
+nightly evaluation's trend across nights (EM at each N for the newest checkpoint), with the
+change from the previous night.
+
+Both read only what runs already write: `<run>/eval/metrics.csv` (one row per agent and N,
+mem1_core.evaluation.scaling) and, for the trend, `<nightly_dir>/trend.csv`, which each
+night appends to atomically (a killed night leaves the previous trend intact).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from mem1_core.evaluation.report import pm
+from mem1_core.runs import atomic
+
+TREND_COLUMNS = [
+    "night",
+    "checkpoint",
+    "agent",
+    "n_objectives",
+    "em_frac",
+    "em_frac_se",
+    "peak_tokens",
+]
+
+
+def read_metrics(run: str | Path) -> pd.DataFrame:
+    """A run's evaluation table; a clear error when the run has none."""
+    path = Path(run) / "eval" / "metrics.csv"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path}: no evaluation table (run the pipeline's evaluation stage, or "
+            f"`mem1 evaluate --run {run} --out {Path(run) / 'eval'} ...`)"
+        )
+    table = pd.read_csv(path)
+    if "em_frac_se" not in table:
+        table["em_frac_se"] = float("nan")  # tables written before the standard error
+    return table
+
+
+def compare_runs(a: str | Path, b: str | Path) -> list[dict]:
+    """Rows (agent, N) present in either run: EM fraction ± SE and peak tokens of each, the
+    EM difference b − a with its standard error."""
+    ta, tb = read_metrics(a), read_metrics(b)
+    keys = ["agent", "n_objectives"]
+    cols = ["em_frac", "em_frac_se", "peak_tokens"]
+    m = ta[keys + cols].merge(tb[keys + cols], on=keys, how="outer", suffixes=("_a", "_b"))
+    rows = []
+    for r in m.sort_values(keys).itertuples():
+        row = {"agent": r.agent, "N": int(r.n_objectives)}
+        row["EM A"] = "" if pd.isna(r.em_frac_a) else pm(r.em_frac_a, _nan_none(r.em_frac_se_a))
+        row["EM B"] = "" if pd.isna(r.em_frac_b) else pm(r.em_frac_b, _nan_none(r.em_frac_se_b))
+        if pd.isna(r.em_frac_a) or pd.isna(r.em_frac_b):
+            row["B − A"] = ""
+        else:
+            se = math.hypot(_nan_zero(r.em_frac_se_a), _nan_zero(r.em_frac_se_b))
+            row["B − A"] = pm(r.em_frac_b - r.em_frac_a, se or None)
+        row["peak A"] = "" if pd.isna(r.peak_tokens_a) else f"{r.peak_tokens_a:.0f}"
+        row["peak B"] = "" if pd.isna(r.peak_tokens_b) else f"{r.peak_tokens_b:.0f}"
+        rows.append(row)
+    return rows
+
+
+def _nan_none(x):
+    return None if x is None or pd.isna(x) else float(x)
+
+
+def _nan_zero(x) -> float:
+    return 0.0 if x is None or pd.isna(x) else float(x)
+
+
+def append_night(
+    trend_csv: str | Path, night: str, checkpoint: str, table: pd.DataFrame
+) -> pd.DataFrame:
+    """Add one night's evaluation to the trend (replacing an earlier row of the same night,
+    so a rerun of a night does not count twice); returns the whole trend."""
+    path = Path(trend_csv)
+    old = pd.read_csv(path) if path.is_file() else pd.DataFrame(columns=TREND_COLUMNS)
+    new = table.assign(night=night, checkpoint=checkpoint)
+    if "em_frac_se" not in new:
+        new["em_frac_se"] = float("nan")
+    trend = pd.concat([old[old["night"] != night], new[TREND_COLUMNS]], ignore_index=True)
+    trend = trend.sort_values(["night", "agent", "n_objectives"], kind="stable")
+    atomic.write_text(trend.to_csv(index=False), path)
+    return trend
+
+
+def previous_night(trend: pd.DataFrame, night: str) -> list[dict]:
+    """Tonight against the night before (same agent and N): EM fraction and its change."""
+    nights = sorted(n for n in trend["night"].unique() if n < night)
+    now = trend[trend["night"] == night]
+    if not nights:
+        return [
+            {
+                "agent": r.agent,
+                "N": int(r.n_objectives),
+                "tonight": pm(r.em_frac, _nan_none(r.em_frac_se)),
+                "previous": "",
+                "change": "",
+            }
+            for r in now.itertuples()
+        ]
+    prev = trend[trend["night"] == nights[-1]].set_index(["agent", "n_objectives"])
+    rows = []
+    for r in now.itertuples():
+        row = {
+            "agent": r.agent,
+            "N": int(r.n_objectives),
+            "tonight": pm(r.em_frac, _nan_none(r.em_frac_se)),
+        }
+        try:
+            p = prev.loc[(r.agent, r.n_objectives)]
+        except KeyError:
+            row |= {"previous": "", "change": ""}
+        else:
+            se = math.hypot(_nan_zero(r.em_frac_se), _nan_zero(p["em_frac_se"]))
+            row |= {
+                "previous": pm(p["em_frac"], _nan_none(p["em_frac_se"])),
+                "change": pm(r.em_frac - p["em_frac"], se or None),
+            }
+        rows.append(row)
+    return rows
+
+
+def plot_trend(trend: pd.DataFrame, path: str | Path) -> Path:
+    """EM fraction per night, one line per (agent, N)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for (agent, n), g in trend.groupby(["agent", "n_objectives"], sort=True):
+        g = g.sort_values("night")
+        ax.errorbar(
+            g["night"],
+            g["em_frac"],
+            yerr=g["em_frac_se"].fillna(0),
+            marker="o",
+            capsize=2,
+            label=f"{agent} N={n}",
+        )
+    ax.set_xlabel("night")
+    ax.set_ylabel("EM fraction (± standard error)")
+    ax.set_title("Nightly evaluation of the newest checkpoint")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.autofmt_xdate()
+    out = Path(path)
+    with atomic.atomic_path(out) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return out
