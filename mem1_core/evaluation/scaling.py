@@ -19,6 +19,7 @@ from mem1_core.evaluation.evaluate import run_eval  # noqa: E402
 from mem1_core.evaluation.summary import summarize  # noqa: E402
 from mem1_core.rollout.loop import Task  # noqa: E402
 from mem1_core.runs import atomic  # noqa: E402
+from mem1_core.runs.progress import Progress as StageProgress  # noqa: E402
 from mem1_core.trajectory.record import write_trajectories  # noqa: E402
 
 
@@ -44,10 +45,13 @@ def evaluate_scaling(
     """Every agent on every N; writes trajectories/<agent>_n<N>.parquet and metrics.{parquet,csv}."""
     out = Path(out_dir)
     rows = []
+    total = len(agents) * sum(len(t) for t in tasks_by_n.values())
+    watch = StageProgress("evaluation", total=total, unit="task")
     for agent in agents:
         for n, tasks in sorted(tasks_by_n.items()):
             if not tasks:
                 continue
+            watch.update(watch.done, agent=agent.name, N=n)
             trajs, seconds = run_eval(
                 agent.model,
                 tokenizer,
@@ -68,6 +72,10 @@ def evaluate_scaling(
                     **summarize(trajs, seconds),
                 }
             )
+            watch.update(
+                watch.done + len(tasks), agent=agent.name, N=n, em=round(rows[-1]["em_frac"], 3)
+            )
+    watch.close()
     table = pd.DataFrame(rows)
     write_table(table, out / "metrics")
     return table

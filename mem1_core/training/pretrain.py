@@ -50,6 +50,7 @@ from mem1_core.data.prompts import (
 )
 from mem1_core.models.base import MANIFEST, format_fingerprint, tokenizer_hash
 from mem1_core.runs import atomic
+from mem1_core.runs.progress import Progress as StageProgress
 
 
 @dataclass
@@ -238,6 +239,7 @@ def pretrain(cfg, out_dir: str | Path, *, resume: bool = False, progress: bool =
         pool.append(build_source(cfg, tok, worlds, pcfg.world_seed + r, pcfg))
     log_lines = [json.dumps(r) for r in state["curve"]]
     bar = tqdm(desc="pretrain", unit="step", initial=state["step"], disable=not progress)
+    watch = StageProgress("pretrain", budget_seconds=budget, path=out / "progress.json")
     t_start = time.perf_counter() - state["seconds"]
     next_eval = (len(state["evals"])) * pcfg.eval_every_minutes * 60.0
 
@@ -316,7 +318,11 @@ def pretrain(cfg, out_dir: str | Path, *, resume: bool = False, progress: bool =
             state["curve"].append(row)
             log_lines.append(json.dumps(row))
             bar.set_postfix(loss=row["loss"], text=row["text_loss"])
+        watch.done = state["step"]
+        watch.t0 = t_start
+        watch.update(state["step"], loss=round(float(loss.detach()), 3), world=state["round"])
     bar.close()
+    watch.close()
     evaluate()
     save()
     atomic.write_text("\n".join(log_lines) + "\n", out / "metrics.jsonl")

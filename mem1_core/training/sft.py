@@ -22,6 +22,7 @@ from mem1_core.models.model import enable_gradient_checkpointing, save_model
 from mem1_core.rollout.loop import Task, rollout
 from mem1_core.rollout.teacher import ScriptedTeacher
 from mem1_core.runs import atomic
+from mem1_core.runs.progress import Progress as StageProgress
 from mem1_core.trajectory.logprobs import forward_tree
 from mem1_core.trajectory.record import Trajectory, turn_paths, write_trajectories
 from mem1_core.trajectory.tree import FlatTree, collate, flatten
@@ -115,6 +116,7 @@ def train_on_trajectories(
     context_loss: list[bool] | None = None,
     seq_bucket: int = 1,
     gradient_checkpointing: bool = False,
+    stage: str = "sft",
 ) -> SFTResult:
     """Train until `minutes` or `max_steps` runs out; returns the loss/eval curve.
     `context_loss[i]`: trajectory i also gets the `context_weight` loss (see `sft_loss`)."""
@@ -137,7 +139,10 @@ def train_on_trajectories(
     curve: list[dict] = []
     tokens = 0
     loss_val = float("nan")
-    bar = tqdm(total=max_steps if max_steps < 10**5 else None, desc="sft", disable=not progress)
+    bar = tqdm(total=max_steps if max_steps < 10**5 else None, desc=stage, disable=not progress)
+    watch = StageProgress(
+        stage, total=max_steps if max_steps < 10**5 else None, budget_seconds=minutes * 60.0
+    )
     step = 0
     order: list[int] = []
     while step < max_steps and time.perf_counter() - t0 < budget:
@@ -167,6 +172,7 @@ def train_on_trajectories(
         loss_val = float(loss.detach())
         bar.update(1)
         bar.set_postfix(loss=f"{loss_val:.3f}")
+        watch.update(step, loss=round(loss_val, 3))
         elapsed = time.perf_counter() - t0
         row = {"step": step, "seconds": round(elapsed, 2), "loss": loss_val}
         if eval_fn is not None and elapsed >= next_eval:
@@ -179,6 +185,7 @@ def train_on_trajectories(
             if log:
                 log(row)
     bar.close()
+    watch.close()
     model.eval()
     seconds = time.perf_counter() - t0
     return SFTResult(step, seconds, loss_val, tokens / max(seconds, 1e-9), curve)
@@ -302,6 +309,7 @@ def train_sft(
         context_loss=fresh,
         seq_bucket=cfg.model.seq_bucket,
         gradient_checkpointing=cfg.model.gradient_checkpointing,
+        stage="warm start" if warm_start else f"sft ({policy})",
     )
     after = eval_fn()
     save_model(model, tok, out / "policy")

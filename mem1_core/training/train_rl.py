@@ -36,6 +36,7 @@ from mem1_core.runs.assets import adopt_init_tokenizer, load_tasks, prepare
 from mem1_core.runs.atomic import write_text
 from mem1_core.runs.checkpoint import TrainState, latest_checkpoint, read_state, remove_partial
 from mem1_core.runs.layout import RunPaths, resolve_init
+from mem1_core.runs.progress import Progress as StageProgress
 from mem1_core.training.runtime import Runtime
 from mem1_core.trajectory.record import Trajectory, write_trajectories
 
@@ -90,6 +91,15 @@ class Progress:
             disable=not show,
             dynamic_ncols=True,
         )
+        self.stage = StageProgress(
+            f"ppo ({cfg.rollout.policy})"
+            if estimator == "gae"
+            else f"{estimator} ({cfg.rollout.policy})",
+            total=cfg.ppo.iterations,
+            unit="iteration",
+            budget_seconds=cfg.ppo.minutes * 60,
+        )
+        self.stage.done = start
 
     def log(self, record: dict[str, Any]) -> None:
         self.files.append_metrics(record)
@@ -107,9 +117,16 @@ class Progress:
             kl=f"{record['kl']:.4f}",
             tok_s=f"{record['tokens_per_s']:.0f}",
         )
+        self.stage.update(
+            record["iteration"] + 1,
+            reward=round(record["reward"], 3),
+            kl=round(record["kl"], 4),
+            **({"held_out": round(record["eval/reward"], 3)} if "eval/reward" in record else {}),
+        )
 
     def close(self) -> None:
         self.bar.close()
+        self.stage.close()
         self.run.finish()
 
 
