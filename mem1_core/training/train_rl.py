@@ -130,6 +130,21 @@ class Progress:
         self.run.finish()
 
 
+def wandb_run(files: RunFiles, estimator: str) -> dict[str, str] | None:
+    """Where this run's W&B run is: project, name, id, and the directory `wandb sync`
+    uploads from (offline runs land under `<out>/wandb/`)."""
+    id_file = files.root / "wandb" / "run_id"
+    if not id_file.is_file():
+        return None
+    return {
+        "project": os.environ.get("WANDB_PROJECT", "mem1"),
+        "name": f"{files.root.name}-{estimator}",
+        "id": id_file.read_text().strip(),
+        "mode": os.environ.get("WANDB_MODE") or "offline",
+        "sync": f"wandb sync {files.root / 'wandb'}/wandb/offline-run-*",
+    }
+
+
 def iteration_record(
     it: int,
     trajs: list[Trajectory],
@@ -243,6 +258,7 @@ def train_rl(
     return {
         "out": str(out),
         "estimator": estimator,
+        "wandb": wandb_run(files, estimator),
         "metrics": record,
         "iterations": record.get("iteration", -1) + 1,
         "checkpoint": None if final is None else str(final),
