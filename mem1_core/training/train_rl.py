@@ -141,7 +141,7 @@ def wandb_run(files: RunFiles, estimator: str) -> dict[str, str] | None:
         "name": f"{files.root.name}-{estimator}",
         "id": id_file.read_text().strip(),
         "mode": os.environ.get("WANDB_MODE") or "offline",
-        "sync": f"wandb sync {files.root / 'wandb'}/wandb/offline-run-*",
+        "sync": f"wandb sync {files.root / 'wandb'}/offline-run-*",
     }
 
 
