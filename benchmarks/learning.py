@@ -8,8 +8,8 @@ curve and writes a PNG.
         --sft-minutes 10                                             # the README's numbers
     python benchmarks/learning.py --out runs/l2 --init runs/learning/warm_start --objectives 1
 
-The `tiny` profile's own budgets (7 / 1.5 / 1.5 min) fit the 15-minute pipeline; its warm
-start is too weak for either arm to show learning (README, "Training").
+With the `tiny` profile's `model.base` (data/base, `mem1 pretrain`) the warm start is the
+shipped base itself; `--set model.base=null` trains one from random weights instead.
 
 The unknown rate is the fraction of objectives answered `?`: the habit of a forgetful teacher
 (`teacher.forget_rate`), which SFT copies and PPO on the task reward can unlearn.
@@ -104,11 +104,15 @@ def main(argv: list[str] | None = None) -> int:
         f"tasks per N; trained on N={cfg.data.train_objectives}, teacher forget rate "
         f"{cfg.teacher.forget_rate}:"
     )
-    print("  " + " " * 11 + "".join(f"  N={n:<2} EM  unknown" for n in ns))
+    print("  " + " " * 11 + "".join(f"  N={n:<2} EM ± SE     unknown" for n in ns))
     for name, per_n in rows.items():
         print(
             f"  {name:<11}"
-            + "".join(f"  {per_n[n]['em_frac']:.3f}   {per_n[n]['unknown_rate']:.3f}  " for n in ns)
+            + "".join(
+                f"  {per_n[n]['em_frac']:.3f} ± {per_n[n]['em_frac_se']:.3f}  "
+                f"{per_n[n]['unknown_rate']:.3f}  "
+                for n in ns
+            )
         )
     print("wall seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in walls.items()))
     print("PPO iteration, train reward (sampled), unknown rate, held-out reward:")
