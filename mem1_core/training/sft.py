@@ -235,7 +235,7 @@ def train_sft(
     if warm_start and init is None and cfg.model.base is not None:
         from mem1_core.training.base_start import start_from_base
 
-        return start_from_base(cfg, out, root, memory=policy or cfg.rollout.policy)
+        return start_from_base(cfg, out, root, memory=policy or cfg.rollout.memory)
     adopt_init_tokenizer(cfg, RunPaths(root), init)
     paths: RunPaths = prepare(cfg, root)
     tok = ensure_tokenizer(cfg, paths)

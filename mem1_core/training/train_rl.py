@@ -92,9 +92,9 @@ class Progress:
             dynamic_ncols=True,
         )
         self.stage = StageProgress(
-            f"ppo ({cfg.rollout.policy})"
+            f"ppo ({cfg.rollout.memory})"
             if estimator == "gae"
-            else f"{estimator} ({cfg.rollout.policy})",
+            else f"{estimator} ({cfg.rollout.memory})",
             total=cfg.ppo.iterations,
             unit="iteration",
             budget_seconds=cfg.ppo.minutes * 60,
