@@ -79,7 +79,7 @@ def main() -> None:
     print(json.dumps({"matmul_peak_gflops": round(peak, 1)}))
 
     # SFT steps on teacher trajectories
-    trajs = teacher_trajectories(tasks, tok, env, cfg.rollout, policy="mem1")
+    trajs = teacher_trajectories(tasks, tok, env, cfg.rollout, memory="mem1")
     trees = [flatten(turn_paths(t)) for t in trajs if t.turns]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     bs = cfg.sft.batch_size
@@ -115,7 +115,7 @@ def main() -> None:
     # sampled rollouts
     backend = HFBackend(model, tok.pad_token_id, tok.eos_token_id, cfg.rollout.batch_size)
     t0 = time.perf_counter()
-    rolled = rollout(tasks, backend, env, cfg.rollout, policy="mem1")
+    rolled = rollout(tasks, backend, env, cfg.rollout, memory="mem1")
     sec = time.perf_counter() - t0
     gen = sum(len(t.gen_ids) for tr in rolled for t in tr.turns)
     roll = {

@@ -104,7 +104,7 @@ def test_the_shipped_base_loads_and_plays(tmp_path):
     tok = ensure_tokenizer(cfg, paths)
     model = initial_policy(cfg, tok)
     tasks = load_tasks(cfg, paths, "test", 1)[:32]
-    m = evaluate_policy(model, tok, make_env(cfg, paths, tok), tasks, cfg.rollout, policy="mem1")
+    m = evaluate_policy(model, tok, make_env(cfg, paths, tok), tasks, cfg.rollout, memory="mem1")
     assert m["format_error_rate"] < 0.2
     assert m["answered_rate"] > 0.8
     assert m["em_frac"] > 0.1  # an untrained model of this size scores 0

@@ -93,4 +93,4 @@ def _teacher_trajs(tok, tmp_path):
     paths = prepare(cfg, tmp_path / "run")
     env = make_env(cfg, paths, tok)
     tasks = load_tasks(cfg, paths, "train", 1)[:4]
-    return teacher_trajectories(tasks, tok, env, cfg.rollout, policy="mem1")
+    return teacher_trajectories(tasks, tok, env, cfg.rollout, memory="mem1")

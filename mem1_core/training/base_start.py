@@ -36,7 +36,7 @@ def start_from_base(cfg, out_dir: str | Path, assets_dir: str | Path, *, memory:
     model = load_model(out / "policy", cfg.model, tok)
     n = cfg.data.train_objectives
     tasks = load_tasks(cfg, paths, "test", n)[:32]
-    m = evaluate_policy(model, tok, make_env(cfg, paths, tok), tasks, cfg.rollout, policy=memory)
+    m = evaluate_policy(model, tok, make_env(cfg, paths, tok), tasks, cfg.rollout, memory=memory)
     final_loss = (manifest.get("curve") or [{}])[-1].get("loss")
     summary = {
         "objectives": [n],

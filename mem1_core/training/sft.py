@@ -235,7 +235,7 @@ def train_sft(
     if warm_start and init is None and cfg.model.base is not None:
         from mem1_core.training.base_start import start_from_base
 
-        return start_from_base(cfg, out, root, memory=policy or cfg.rollout.memory)
+        return start_from_base(cfg, out, root, memory=memory or cfg.rollout.memory)
     adopt_init_tokenizer(cfg, RunPaths(root), init)
     paths: RunPaths = prepare(cfg, root)
     tok = ensure_tokenizer(cfg, paths)
@@ -309,7 +309,7 @@ def train_sft(
         context_loss=fresh,
         seq_bucket=cfg.model.seq_bucket,
         gradient_checkpointing=cfg.model.gradient_checkpointing,
-        stage="warm start" if warm_start else f"sft ({policy})",
+        stage="warm start" if warm_start else f"sft ({memory})",
     )
     after = eval_fn()
     save_model(model, tok, out / "policy")
