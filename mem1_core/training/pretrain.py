@@ -241,7 +241,9 @@ def pretrain(cfg, out_dir: str | Path, *, resume: bool = False, progress: bool =
     bar = tqdm(desc="pretrain", unit="step", initial=state["step"], disable=not progress)
     watch = StageProgress("pretrain", budget_seconds=budget, path=out / "progress.json")
     t_start = time.perf_counter() - state["seconds"]
-    next_eval = (len(state["evals"])) * pcfg.eval_every_minutes * 60.0
+    every = pcfg.eval_every_minutes * 60.0
+    # the next multiple of the interval: a resumed run does not catch up on missed points
+    next_eval = 0.0 if not state["evals"] else (state["seconds"] // every + 1) * every
 
     def elapsed() -> float:
         return time.perf_counter() - t_start
@@ -280,7 +282,7 @@ def pretrain(cfg, out_dir: str | Path, *, resume: bool = False, progress: bool =
             save()
         if elapsed() >= next_eval:
             evaluate()
-            next_eval += pcfg.eval_every_minutes * 60.0
+            next_eval = (elapsed() // every + 1) * every
         for g in opt.param_groups:
             g["lr"] = lr_at(min(elapsed() / budget, 1.0), pcfg.warmup_fraction, pcfg.lr)
         src = [s for s in pool for _ in range(1)]
