@@ -130,7 +130,7 @@ class Progress:
         self.run.finish()
 
 
-def wandb_run(files: RunFiles, estimator: str) -> dict[str, str] | None:
+def wandb_run(files: RunPaths, estimator: str) -> dict[str, str] | None:
     """Where this run's W&B run is: project, name, id, and the directory `wandb sync`
     uploads from (offline runs land under `<out>/wandb/`)."""
     id_file = files.root / "wandb" / "run_id"
@@ -258,7 +258,7 @@ def train_rl(
     return {
         "out": str(out),
         "estimator": estimator,
-        "wandb": wandb_run(files, estimator),
+        "wandb": wandb_run(paths, estimator),
         "metrics": record,
         "iterations": record.get("iteration", -1) + 1,
         "checkpoint": None if final is None else str(final),
