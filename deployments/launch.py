@@ -31,6 +31,8 @@ PREFECT_FILE = ROOT / "deployments" / "prefect.yaml"
 POOL = "mem1-process"
 DEPLOYMENT = "mem1/train-eval"
 POLL_SECONDS = 1.0
+SERVER_STOPS_ENV = "MEM1_SERVER_STOPS_ON_EXIT"
+"""Set to 1 by `./dev train-eval` when the Prefect server it started stops with it."""
 CANCEL_GRACE_SECONDS = 8.0
 STOP_GRACE_SECONDS = 10.0
 
@@ -215,14 +217,53 @@ def _subflow_ids(client: Any, root: UUID) -> list[UUID]:
     return ids
 
 
-def follow(flow_run_id: UUID, timeout: float | None) -> Any:
-    """Print state changes and new log lines of the run and its subflows until it is final
-    (returns the flow run) or `timeout` seconds pass (raises TimeoutError)."""
+class StatusLine:
+    """The current stage's progress (`<run_dir>/progress.json`, mem1_core.runs.progress) on
+    one line: redrawn in place every poll on a terminal, else printed every
+    `every` seconds (and whenever the stage changes), so a log file does not flood."""
+
+    def __init__(self, path: Path | None, every: float = 10.0):
+        self.path, self.every = path, every
+        self.tty = sys.stderr.isatty()
+        self.last_text, self.last_at, self.last_stage = "", 0.0, None
+        self.drawn = False
+
+    def poll(self) -> None:
+        from mem1_core.runs.progress import line, read
+
+        st = read(self.path) if self.path else None
+        if not st:
+            return
+        text = f"[mem1] {line(st)}"
+        now = time.monotonic()
+        if self.tty:
+            if text != self.last_text:
+                print(f"\r\033[2K{text}", end="", file=sys.stderr, flush=True)
+                self.drawn = True
+        elif st["stage"] != self.last_stage or now - self.last_at >= self.every:
+            if text != self.last_text:
+                print(text, file=sys.stderr, flush=True)
+                self.last_at = now
+        self.last_text, self.last_stage = text, st["stage"]
+
+    def clear(self) -> None:
+        """Before an ordinary line: end the redrawn one."""
+        if self.tty and self.drawn:
+            print("\r\033[2K", end="", file=sys.stderr, flush=True)
+            self.drawn = False
+            self.last_text = ""
+
+
+def follow(flow_run_id: UUID, timeout: float | None, progress: Path | None = None) -> Any:
+    """Print state changes and new log lines of the run and its subflows, and the current
+    stage's progress line, until it is final (returns the flow run) or `timeout` seconds
+    pass (raises TimeoutError)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterTimestamp
     from prefect.client.schemas.sorting import LogSort
 
     seen: set[UUID] = set()
+    status = StatusLine(progress)
     since = datetime.now(UTC)
     last_state = None
     deadline = None if not timeout else time.monotonic() + timeout
@@ -243,13 +284,17 @@ def follow(flow_run_id: UUID, timeout: float | None) -> Any:
                     since = max(since, log.timestamp)
                     if log.message.startswith("Finished in state Completed"):
                         continue  # one per task run: noise on a terminal
+                    status.clear()
                     say(f"{log.timestamp:%H:%M:%S} {log.name.split('.')[-1]}: {log.message}")
             state = run.state.name if run.state else None
             if state != last_state:
+                status.clear()
                 say(f"flow run {run.name}: {state}")
                 last_state = state
             if run.state is not None and run.state.is_final():
+                status.clear()
                 return run
+            status.poll()
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"flow run {run.name} not finished after {timeout:.0f} s")
             time.sleep(POLL_SECONDS)
@@ -297,7 +342,15 @@ def force_cancelled(flow_run_id: UUID) -> None:
 
 
 def headline_table(summary: dict[str, Any]) -> str:
-    """The run's summary.json as a plain-text table for the terminal."""
+    """The run's headline for the terminal: agents x N (EM fraction ± SE, peak tokens) and
+    the paper's ratios when the evaluation ran; else the stages' numbers."""
+    if summary.get("headline_text"):
+        lines = [f"mem1 run {summary['run_name']} ({summary['profile']}): {summary['status']}", ""]
+        lines.append(summary["headline_text"])
+        lines.append(f"(every stage's numbers: {summary['run_dir']}/summary.md)")
+        if summary.get("failed_stage"):
+            lines += ["", f"failed in stage {summary['failed_stage']}"]
+        return "\n".join(lines)
     rows = [(r["stage"], r["metric"], str(r["value"])) for r in summary["headline_rows"]]
     head = ("stage", "metric", "value")
     widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=False)]
@@ -396,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
             + " ".join(f"--param {_shell_param(k, v)}" for k, v in params.items() if v)
             + ")"
         )
-        final = follow(run.id, args.timeout or None)
+        final = follow(run.id, args.timeout or None, progress=run_dir / "progress.json")
         finished = True
         summary_path = run_dir / "summary.json"
         if summary_path.exists():
@@ -427,10 +480,15 @@ def main(argv: list[str] | None = None) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
     print(f"run directory: {run_dir}")
-    print(
-        f"Prefect UI:    {ui_url(api)}"
-        + (f"  (this run: {ui_url(api)}/runs/flow-run/{flow_run_id})" if flow_run_id else "")
-    )
+    this_run = f"{ui_url(api)}/runs/flow-run/{flow_run_id}" if flow_run_id else ui_url(api)
+    if os.environ.get(SERVER_STOPS_ENV) == "1":
+        # `./dev train-eval` stops the server it started when this returns: no dead link
+        print(
+            "Prefect UI:    the server stops with this command; `./dev server` brings it back "
+            f"on the same history, then open {this_run}"
+        )
+    else:
+        print(f"Prefect UI:    {this_run}")
     return rc
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -46,3 +48,54 @@ def publish_table(key: str, rows: list[dict[str, Any]], description: str) -> Non
 def publish_markdown(key: str, markdown: str, description: str) -> None:
     if in_flow_run():
         create_markdown_artifact(key=_key(key), markdown=markdown, description=description)
+
+
+def stage_run_name() -> str:
+    """`<stage> · <run name>` for a stage's subflow run (the run name is its run directory's
+    name), so the UI lists `warm-start · 20261201-074101`, not a random pair of words."""
+    from prefect.runtime import flow_run
+
+    params = flow_run.parameters or {}
+    where = params.get("run_dir") or params.get("out_dir")
+    name = str(flow_run.flow_name)
+    if params.get("memory") not in (None, "mem1"):
+        name += f" ({params['memory']})"
+    return f"{name} · {Path(where).name}" if where else name
+
+
+class _RunLogHandler(logging.Handler):
+    """Forwards the library's `mem1.progress` lines (already throttled) to the log of the
+    flow run they happen in, so each stage's progress shows in its own run's logs."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from prefect import get_run_logger
+        from prefect.exceptions import MissingContextError
+
+        try:
+            get_run_logger().log(record.levelno, record.getMessage())
+        except MissingContextError:
+            pass
+
+
+def report_progress(run_dir: Path) -> None:
+    """Stages report progress to `<run_dir>/progress.json` (the launcher's status line) and to
+    their flow run's log (mem1_core.runs.progress)."""
+    from mem1_core.runs.progress import ENV
+
+    os.environ[ENV] = str(run_dir / "progress.json")
+    logger = logging.getLogger("mem1.progress")
+    logger.setLevel(logging.INFO)
+    if not any(isinstance(h, _RunLogHandler) for h in logger.handlers):
+        logger.addHandler(_RunLogHandler())
+        logger.propagate = False
+
+
+def image_section(plots: dict[str, str | Path]) -> str:
+    """Markdown with each existing PNG inline (the UI shows a `data:` image, not a path)."""
+    from mem1_core.evaluation.report import image_markdown
+
+    parts = []
+    for name, path in plots.items():
+        if path and Path(path).is_file():
+            parts.append(f"### {name}\n\n{image_markdown(path, name)}\n\n`{path}`\n")
+    return "\n".join(parts)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from prefect import flow, task
 
-from flows.common import build_config, publish_markdown, publish_table, run_dir
+from flows.common import build_config, publish_markdown, publish_table, run_dir, stage_run_name
 from mem1_core.config import Config
 from mem1_core.runs.assets import ensure_tasks, ensure_world
 from mem1_core.runs.layout import RunPaths
@@ -40,7 +40,7 @@ def compose_one(cfg: Config, paths: RunPaths, split: str, n: int) -> dict:
     }
 
 
-@flow(name="compose-tasks", log_prints=True)
+@flow(name="compose-tasks", flow_run_name=stage_run_name, log_prints=True)
 def compose_tasks(
     profile: str = "tiny",
     config_path: str | None = None,

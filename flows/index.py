@@ -9,7 +9,7 @@ from typing import Any
 
 from prefect import flow, task
 
-from flows.common import build_config, publish_table, run_dir
+from flows.common import build_config, publish_table, run_dir, stage_run_name
 from mem1_core.config import Config
 from mem1_core.retrieval import ensure_index, read_manifest
 from mem1_core.retrieval.index import index_size_bytes
@@ -44,7 +44,7 @@ def build_or_reuse(corpus: Path, kind: str, root: Path, options: dict[str, Any])
     }
 
 
-@flow(name="build-index", log_prints=True)
+@flow(name="build-index", flow_run_name=stage_run_name, log_prints=True)
 def build_index_flow(
     profile: str = "tiny",
     config_path: str | None = None,

@@ -29,12 +29,18 @@ from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
 
-from flows.common import build_config, publish_markdown, publish_table
+from flows.common import (
+    build_config,
+    image_section,
+    publish_markdown,
+    publish_table,
+    report_progress,
+)
 from mem1_core.config import config_json
 from mem1_core.runs.atomic import write_json, write_text
 from mem1_core.runs.checkpoint import checkpoint_memory
 from mem1_core.runs.layout import CHECKPOINTS, newest_checkpoint_under
-from mem1_core.runs.summary import render_summary
+from mem1_core.runs.summary import render_headline, render_summary, run_headline
 from mem1_core.training.actor_pool import reuse_actors
 
 Scalar = int | float | str | bool | None
@@ -252,6 +258,7 @@ def mem1(
         run_dir / "run.json",
     )
     _label_flow_run(run_name, profile)
+    report_progress(run_dir)
     print(f"run directory: {run_dir}")
     publish_markdown(
         RUN_DIR_KEY,
@@ -301,13 +308,18 @@ def mem1(
             "headline": {name: r.headline for name, r in results.items()},
             "headline_rows": headline_rows(results),
             "outputs": {name: r.outputs for name, r in results.items()},
+            **run_headline(run_dir, {name: r.outputs for name, r in results.items()}),
         }
         markdown = render_summary(summary)
         write_json(summary, run_dir / "summary.json")
         write_text(markdown, run_dir / "summary.md")
         publish_markdown(SUMMARY_KEY, markdown, f"Summary of mem1 run {run_name}")
-        if summary["headline_rows"]:
-            publish_table(HEADLINE_KEY, summary["headline_rows"], f"Headline of run {run_name}")
+        if summary.get("agents"):
+            publish_markdown(
+                HEADLINE_KEY,
+                render_headline(summary, images=False),
+                f"Headline of run {run_name}: agents x N, the paper's comparisons",
+            )
     return {
         k: summary[k]
         for k in (
@@ -347,10 +359,23 @@ def nightly_eval(runs_root: str | None = None, profile: str = "tiny") -> dict[st
     )
     rows = result["headline"]
     publish_table(NIGHTLY_KEY + "-table", rows, f"Nightly evaluation of {checkpoint}")
-    text = f"Checkpoint `{checkpoint}` evaluated under `{memory}` into `{out}`.\n\n" + "\n".join(
-        f"- N={r['N']}: EM {r['em_sum']}, peak tokens {r['peak_tokens']}" for r in rows
+    # the trend across nights, kept beside the runs it watches
+    import pandas as pd
+
+    from mem1_core.evaluation.compare import append_night, plot_trend, previous_night
+    from mem1_core.evaluation.report import markdown_table
+
+    night = out.name
+    table = pd.read_csv(out / "metrics.csv")
+    trend = append_night(root / "nightly" / "trend.csv", night, str(checkpoint), table)
+    versus = previous_night(trend, night)
+    trend_png = plot_trend(trend, root / "nightly" / "trend.png")
+    text = (
+        f"Checkpoint `{checkpoint}` evaluated under `{memory}` into `{out}`.\n\n"
+        f"## Tonight against the previous night\n\n{markdown_table(versus)}\n"
+        f"{image_section({'EM per night': trend_png})}"
     )
-    print(text)
+    print(markdown_table(versus))
     publish_markdown(NIGHTLY_KEY, f"# mem1 nightly evaluation\n\n{text}\n", "Nightly evaluation")
     return {
         "runs_root": str(root),
@@ -358,4 +383,6 @@ def nightly_eval(runs_root: str | None = None, profile: str = "tiny") -> dict[st
         "evaluated": True,
         "out": str(out),
         "headline": rows,
+        "trend": str(root / "nightly" / "trend.csv"),
+        "versus_previous": versus,
     }

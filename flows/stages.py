@@ -21,7 +21,14 @@ from typing import Any
 
 from prefect import flow
 
-from flows.common import build_config, metric_rows, publish_markdown, publish_table
+from flows.common import (
+    build_config,
+    image_section,
+    metric_rows,
+    publish_markdown,
+    publish_table,
+    stage_run_name,
+)
 from mem1_core.config import Config
 from mem1_core.runs.layout import EVAL, PPO_FULL, PPO_MEM1, SFT_MEM1, WARM_START
 
@@ -34,7 +41,7 @@ def _resume(out: Path) -> bool:
     return out.exists() and any(out.iterdir())
 
 
-@flow(name="warm-start", log_prints=True)
+@flow(name="warm-start", flow_run_name=stage_run_name, log_prints=True)
 def warm_start(
     profile: str, config_path: str | None, overrides: list[str] | None, run_dir: str
 ) -> dict[str, Any]:
@@ -52,7 +59,7 @@ def warm_start(
     return result
 
 
-@flow(name="train-ppo-mem1", log_prints=True)
+@flow(name="train-ppo-mem1", flow_run_name=stage_run_name, log_prints=True)
 def train_ppo_mem1(
     profile: str,
     config_path: str | None,
@@ -84,7 +91,7 @@ def train_ppo_mem1(
     return result
 
 
-@flow(name="train-sft-arm", log_prints=True)
+@flow(name="train-sft-arm", flow_run_name=stage_run_name, log_prints=True)
 def train_sft_arm(
     profile: str, config_path: str | None, overrides: list[str] | None, run_dir: str
 ) -> dict[str, Any]:
@@ -104,7 +111,7 @@ def train_sft_arm(
     )
 
 
-@flow(name="evaluate-objective-scaling", log_prints=True)
+@flow(name="evaluate-objective-scaling", flow_run_name=stage_run_name, log_prints=True)
 def evaluate_objective_scaling(
     profile: str, config_path: str | None, overrides: list[str] | None, run_dir: str
 ) -> dict[str, Any]:
@@ -118,17 +125,16 @@ def evaluate_objective_scaling(
     publish_table(
         "objective-scaling", result["headline"], f"EM and peak tokens per N, {root / EVAL}"
     )
-    plots = "\n".join(f"- {k}: `{v}`" for k, v in result["plots"].items())
     publish_markdown(
         "objective-scaling-plots",
-        f"# Objective scaling\n\nTable: `{result['table']}`\n\nPlots (PNG):\n{plots}\n\n"
-        f"Ratios: {result['ratios']}\n",
-        "objective-scaling plots and ratios",
+        f"# Objective scaling\n\nTable: `{result['table']}`\n\n"
+        f"{image_section(result['plots'])}\nRatios: {result['ratios']}\n",
+        "objective-scaling plots (EM ± SE and peak tokens vs N) and ratios",
     )
     return result
 
 
-@flow(name="ablation-summary", log_prints=True)
+@flow(name="ablation-summary", flow_run_name=stage_run_name, log_prints=True)
 def ablation_summary(run_dir: str) -> dict[str, Any]:
     """RL vs SFT from the same warm start, across N; and the training curves."""
     from mem1_core.evaluation.ablation import ablation_summary as summarize_ablation
@@ -136,6 +142,6 @@ def ablation_summary(run_dir: str) -> dict[str, Any]:
     result = summarize_ablation(run_dir)
     if result["rows"]:
         publish_table("rl-vs-sft", result["rows"], "RL vs SFT across N (EM)")
-    plots = "\n".join(f"- `{p}`" for p in result["plots"])
-    publish_markdown("rl-vs-sft-plots", f"# RL vs SFT\n\n{plots}\n", "ablation plots")
+    plots = {Path(p).stem.replace("_", " "): p for p in result["plots"]}
+    publish_markdown("rl-vs-sft-plots", f"# RL vs SFT\n\n{image_section(plots)}", "ablation plots")
     return result

@@ -313,13 +313,25 @@ def test_train_eval_deployment_runs_on_a_worker(deployed, tmp_path):
             )
         )
     assert {s.state.name for s in subflows} == {"Completed"}
+    # subflow runs are named after their stage and the run, not a random pair of words
+    assert all(s.name.endswith(f" · {run_dir.name}") for s in subflows), [s.name for s in subflows]
+    assert {"warm-start · " + run_dir.name, "train-ppo-mem1 (full) · " + run_dir.name} <= {
+        s.name for s in subflows
+    }
     published = _artifacts([flow_run_id])
     assert {"mem1-run-dir", "mem1-summary", "mem1-headline"} <= set(published)
     assert str(run_dir.resolve()) in published["mem1-run-dir"]  # the run directory, in the UI
     assert published["mem1-summary"] == (run_dir / "summary.md").read_text()
-    assert {"tasks-smoke", "task-sample-smoke", "index-smoke"} <= set(
-        _artifacts([s.id for s in subflows])
-    )
+    # the pictures are in the artifacts themselves, not file paths
+    assert published["mem1-summary"].count("](data:image/png;base64,") == 4
+    assert "| mem1-ppo |" in published["mem1-headline"] and " ± " in published["mem1-headline"]
+    stage_artifacts = _artifacts([s.id for s in subflows])
+    assert {"tasks-smoke", "task-sample-smoke", "index-smoke"} <= set(stage_artifacts)
+    assert stage_artifacts["objective-scaling-plots"].count("](data:image/png;base64,") == 2
+    assert stage_artifacts["rl-vs-sft-plots"].count("](data:image/png;base64,") == 2
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert "mem1-ppo" in summary["headline_text"] and summary["wandb"]
+    assert json.loads((run_dir / "progress.json").read_text())["final"]
 
 
 @pytest.mark.server

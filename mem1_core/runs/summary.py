@@ -4,7 +4,82 @@ headline numbers of the stages that ran (nothing is reported for a stage that di
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
+
+PLOTS = {
+    "EM fraction vs N": ("eval", "em.png"),
+    "peak tokens vs N": ("eval", "peak_tokens.png"),
+    "RL vs SFT": ("ablation", "rl_vs_sft.png"),
+    "PPO training reward": ("ablation", "reward_curve.png"),
+}
+"""The run's plots, as the evaluation and ablation stages write them."""
+
+
+def run_headline(run_dir: str | Path, outputs: Mapping[str, Any]) -> dict[str, Any]:
+    """What a person reads first: agents × N (EM fraction ± SE, peak tokens), the paper's
+    ratios, the plots and where the W&B runs are. Empty when no evaluation ran."""
+    from mem1_core.evaluation.compare import read_metrics
+    from mem1_core.evaluation.report import headline_rows, paper_ratios, text_table
+
+    root = Path(run_dir)
+    out: dict[str, Any] = {
+        "plots": {k: str(root / d / f) for k, (d, f) in PLOTS.items() if (root / d / f).is_file()},
+        "wandb": _wandb_runs(outputs),
+    }
+    if not (root / "eval" / "metrics.csv").is_file():
+        return out
+    table = read_metrics(root)
+    out["agents"] = headline_rows(table)
+    out["ratios"] = paper_ratios(table)
+    out["headline_text"] = (
+        text_table(out["agents"]) + "\n" + text_table(out["ratios"])
+        if out["ratios"]
+        else text_table(out["agents"])
+    )
+    return out
+
+
+def _wandb_runs(outputs: Mapping[str, Any]) -> list[dict]:
+    found = []
+
+    def walk(x: Any) -> None:
+        if isinstance(x, Mapping):
+            if isinstance(x.get("wandb"), Mapping):
+                found.append(dict(x["wandb"]))
+            for v in x.values():
+                if isinstance(v, Mapping):
+                    walk(v)
+
+    walk(outputs)
+    return found
+
+
+def render_headline(summary: Mapping[str, Any], images: bool = True) -> str:
+    """The compact headline: the agents × N table, the ratios, optionally the plots inline."""
+    from mem1_core.evaluation.report import image_markdown, markdown_table
+
+    lines = [
+        "## Agents × N",
+        "",
+        "EM fraction ± standard error over held-out tasks (entities no training task mentions),"
+        " greedy; mean peak tokens per task.",
+        "",
+        markdown_table(summary.get("agents") or []),
+    ]
+    if summary.get("ratios"):
+        lines += ["## The paper's comparisons", "", markdown_table(summary["ratios"])]
+    if images:
+        for name, path in (summary.get("plots") or {}).items():
+            if Path(path).is_file():
+                lines += [f"### {name}", "", image_markdown(path, name), ""]
+    for w in summary.get("wandb") or []:
+        lines.append(f"- W&B run `{w['name']}` (id `{w['id']}`, {w['mode']}): `{w['sync']}`")
+    return "\n".join(lines) + "\n"
+
+
+def _short(v: Any) -> Any:
+    return f"{v:.4g}" if isinstance(v, float) else v
 
 
 def render_summary(summary: Mapping[str, Any]) -> str:
@@ -26,13 +101,16 @@ def render_summary(summary: Mapping[str, Any]) -> str:
             lines.append(f"| {name} | not built yet | |")
         else:
             lines.append(f"| {name} | not run | |")
+    if summary.get("agents") or summary.get("plots"):
+        lines += ["", render_headline(summary)]
     rows = summary["headline_rows"]
-    lines += ["", "## Headline numbers", ""]
+    lines += ["", "<details><summary>Every stage's numbers</summary>", ""]
     if rows:
         lines += ["| stage | metric | value |", "| --- | --- | --- |"]
-        lines += [f"| {r['stage']} | {r['metric']} | {r['value']} |" for r in rows]
+        lines += [f"| {r['stage']} | {r['metric']} | {_short(r['value'])} |" for r in rows]
     else:
         lines.append("No stage produced numbers.")
+    lines += ["", "</details>"]
     if summary["not_built"]:
         lines += [
             "",
