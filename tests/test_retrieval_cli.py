@@ -38,6 +38,7 @@ def test_index_then_search_prints_json_lines(tmp_path, capsys):
         "title": "Gorde To",
         "text": DOCS[0][2],
         "score": first["score"],
+        "passage": format_contents("Gorde To", DOCS[0][2]),  # the JSONL's contents
     }
     assert len(lines[1]["hits"]) <= 2
 

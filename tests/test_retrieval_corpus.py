@@ -41,16 +41,44 @@ def test_contents_roundtrip_keeps_newlines_and_quotes():
 def test_parquet_and_jsonl_read_alike_with_one_fingerprint(tmp_path):
     a = read_corpus(write_parquet(tmp_path / "c.parquet", DOCS))
     b = read_corpus(write_jsonl(tmp_path / "c.jsonl", DOCS))
-    assert list(a.columns) == ["doc_id", "title", "contents"]
+    assert list(a.columns) == ["doc_id", "title", "contents", "passage"]
     pd.testing.assert_frame_equal(a, b)
     assert corpus_fingerprint(a) == corpus_fingerprint(b)
+    # Built passages are not hashed: the fingerprints from before `passage` existed stand.
+    assert corpus_fingerprint(a) == corpus_fingerprint(a.drop(columns="passage"))
+
+
+# Search-R1 `contents` that are not `"Title"\ntext`: each must be served as it is.
+ODD_CONTENTS = [
+    "Kalomir Vesh\nKalomir Vesh was a painter.",  # a title without quotes
+    "A one-line passage with no title line.",  # no newline
+    '  "Tirvane"  \nTirvane is a city. ',  # surrounding spaces
+    '"Osland"\r\nOsland is a country.\r\nIts capital is Tirvane.',  # CRLF
+    '"The "Quiet" Harbor"\n\nA novel.\n',  # inner quotes, blank line, trailing newline
+]
+
+
+def test_jsonl_contents_are_kept_verbatim_and_fingerprinted(tmp_path):
+    path = tmp_path / "c.jsonl"
+    rows = [{"id": f"o{i}", "contents": c} for i, c in enumerate(ODD_CONTENTS)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    df = read_corpus(path)
+    assert df["passage"].tolist() == ODD_CONTENTS
+    assert [tuple(x) for x in df[["title", "contents"]].values] == [
+        parse_contents(c) for c in ODD_CONTENTS
+    ]
+    # Title and body alone lose the form, so the passage is part of the fingerprint (a
+    # table without it hashes as if its passages were built from title and body).
+    assert corpus_fingerprint(df) != corpus_fingerprint(df.drop(columns="passage"))
 
 
 def test_jsonl_with_title_and_text_keys(tmp_path):
     path = tmp_path / "c.jsonl"
     path.write_text(json.dumps({"id": 7, "title": "T", "text": "body"}) + "\n\n")
     df = read_corpus(path)
-    assert df.to_dict("records") == [{"doc_id": "7", "title": "T", "contents": "body"}]
+    assert df.to_dict("records") == [
+        {"doc_id": "7", "title": "T", "contents": "body", "passage": '"T"\nbody'}
+    ]
 
 
 def test_fingerprint_changes_with_any_field_and_with_order():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import time
+from dataclasses import asdict
 
 import httpx
 import pandas as pd
@@ -22,7 +23,7 @@ DOCS = [
     ("d2", "Osland", "Osland is a country whose capital is Tirvane."),
     ("d3", "Kesmar", "Kesmar is a city in Osland."),
 ]
-LIMITS = ServerLimits(max_topk=5, max_queries=4, max_query_chars=50)
+LIMITS = ServerLimits(max_topk=5, max_queries=4, max_passages=12, max_body_bytes=4000)
 
 
 @pytest.fixture(scope="module")
@@ -73,16 +74,47 @@ def test_blank_query_gets_an_empty_list(url):
         ({"queries": "Kesmar"}, "queries"),  # not a list
         ({"queries": [1, 2]}, "queries"),  # not strings
         ({"queries": ["a"], "topk": "many"}, "topk"),
-        ({"queries": ["a"], "topk": 0}, "topk must be between 1 and 5"),
-        ({"queries": ["a"], "topk": 6}, "topk must be between 1 and 5"),
+        ({"queries": ["a"], "topk": 2.5}, "topk"),
+        ({"queries": ["a"], "return_scores": "sometimes"}, "return_scores"),
+        ({"queries": ["a"], "topk": -1}, "topk must be >= 0"),
         ({"queries": ["a"] * 5}, "at most 4 queries"),
-        ({"queries": ["x" * 51]}, "the limit is 50"),
+        ({"queries": ["a"] * 3, "topk": 5}, "3 queries x topk 5 is more than 12 passages"),
+        ({"queries": ["a"] * 3, "topk": 50}, "3 queries x topk 5 is more than 12 passages"),
     ],
 )
 def test_bad_bodies_and_limits_get_422_with_a_message(url, body, message):
     r = httpx.post(f"{url}/retrieve", json=body, timeout=10)
     assert r.status_code == 422
     assert message in r.text
+
+
+def test_topk_zero_null_or_missing_takes_the_default_and_a_large_one_is_capped(url):
+    def served(**topk):
+        body = {"queries": ["Osland Tirvane city"], **topk}
+        r = httpx.post(f"{url}/retrieve", json=body, timeout=10)
+        assert r.status_code == 200, r.text
+        return [d["id"] for d in r.json()["result"][0]]
+
+    default = served(topk=3)
+    assert len(default) == 3
+    assert served() == served(topk=None) == served(topk=0) == default
+    assert len(served(topk=50)) == 4  # capped at max_topk 5; only 4 documents match
+
+
+def test_body_over_the_byte_limit_gets_413(url):
+    big = {"queries": ["x" * 4000]}
+    r = httpx.post(f"{url}/retrieve", json=big, timeout=10)  # declared by Content-Length
+    assert r.status_code == 413 and "over 4000 bytes" in r.text
+    payload = httpx.Request("POST", "/", json=big).content
+
+    def chunks():  # no Content-Length: refused while it streams in
+        yield from (payload[i : i + 1000] for i in range(0, len(payload), 1000))
+
+    r = httpx.post(f"{url}/retrieve", content=chunks(), timeout=10)
+    assert r.status_code == 413 and "over 4000 bytes" in r.text
+    # A long query within the byte limit is served (no per-query length limit).
+    r = httpx.post(f"{url}/retrieve", json={"queries": ["Kesmar " * 500]}, timeout=10)
+    assert r.status_code == 200 and r.json()["result"][0][0]["id"] == "d3"
 
 
 def test_malformed_json_gets_422(url):
@@ -95,6 +127,7 @@ def test_malformed_json_gets_422(url):
 def test_health(url):
     h = httpx.get(f"{url}/health", timeout=10).json()
     assert h["status"] == "ok" and h["kind"] == "bm25" and h["limits"]["max_topk"] == 5
+    assert h["limits"]["max_body_bytes"] == 4000
 
 
 def test_server_binds_loopback_by_default(retriever):
@@ -102,6 +135,8 @@ def test_server_binds_loopback_by_default(retriever):
 
     args = build_parser().parse_args(["serve-retriever", "--index", "x"])
     assert args.host == "127.0.0.1"
+    limits = ServerLimits()  # every limit has its flag, defaulting to the dataclass
+    assert {f: getattr(args, f) for f in asdict(limits)} == asdict(limits)
     with background_server(create_app(retriever)) as base:
         assert base.startswith("http://127.0.0.1:")
 
@@ -111,8 +146,9 @@ def test_http_client_equals_in_process(url, retriever):
     with HttpRetriever(url, max_batch=4) as client:  # 6 queries: two requests
         assert client.search(queries, 3) == retriever.search(queries, 3)
         assert client.health()["status"] == "ok"
-        with pytest.raises(ValueError, match="topk must be between"):
-            client.search(["a"], 50)
+        assert client.search(["Osland"], 50) == retriever.search(["Osland"], 5)  # capped
+        with pytest.raises(ValueError, match="split the request"):
+            client.search(["a"] * 4, 5)
 
 
 def _closed_port() -> int:

@@ -36,6 +36,10 @@ class Hit:
     """The document body, without the title."""
     score: float
     """Retriever score; higher is better. Only comparable within one query and index."""
+    passage: str | None = None
+    """The whole document as the corpus gave it (Search-R1's `contents`, verbatim), which
+    the server sends; None where only title and text are known (the server then sends
+    `"Title"\\ntext`)."""
 
 
 @runtime_checkable

@@ -1,6 +1,13 @@
 """`HttpRetriever`: the `Retriever` interface over a Search-R1-schema `/retrieve` server
 (ours, `mem1 serve-retriever`, or Search-R1's own).
 
+Answers are read as tolerantly as Search-R1's own client reads them (it uses only
+`document.contents`): Search-R1's BM25 server sends documents without `id` (`title`,
+`text`, `contents`), its search-API servers (Google, SerpAPI) send `{"document":
+{"contents"}}` without `score` and ignore `topk`. A missing id is derived from the passage
+(the same passage gets the same id in every answer), a missing score is 0.0 (the
+server's order stands), and a server that sends more than `k` passages is cut to `k`.
+
 Connection failures, timeouts and 5xx answers are retried a bounded number of times with
 exponential backoff; a 4xx answer is the caller's fault and raises at once. When the
 server stays unreachable the error says so and how to start one.
@@ -8,30 +15,44 @@ server stays unreachable the error says so and how to start one.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any
 
 import httpx
 
 from mem1_core.retrieval.base import Hit
-from mem1_core.retrieval.corpus import parse_contents
+from mem1_core.retrieval.corpus import format_contents, parse_contents
 
 
 class RetrieverUnavailable(ConnectionError):
     """The retrieval server could not be reached, timed out, or kept failing."""
 
 
-def parse_result(result: list[Any]) -> list[list[Hit]]:
-    """Search-R1 `result` (with or without scores) -> hits."""
-    out = []
-    for docs in result:
-        hits = []
-        for item in docs:
-            doc, score = (item["document"], item["score"]) if "document" in item else (item, 0.0)
-            title, text = parse_contents(doc["contents"])
-            hits.append(Hit(doc_id=str(doc["id"]), title=title, text=text, score=float(score)))
-        out.append(hits)
-    return out
+def passage_id(contents: str) -> str:
+    """The id given to a document the server sent without one."""
+    return "sha1:" + hashlib.sha1(contents.encode("utf-8")).hexdigest()[:16]
+
+
+def _hit(item: dict[str, Any]) -> Hit:
+    """One entry of a Search-R1 result: `{"document": doc, "score": s}`, the document
+    without a score, or (with `return_scores` false) the bare document."""
+    doc, score = (item["document"], item.get("score")) if "document" in item else (item, None)
+    score = 0.0 if score is None else float(score)
+    if "contents" in doc:
+        passage = str(doc["contents"])
+        title, text = parse_contents(passage)
+    else:  # a server that splits the document only
+        passage, title, text = None, str(doc.get("title", "")), str(doc["text"])
+    doc_id = doc.get("id", doc.get("doc_id"))
+    if doc_id is None:
+        doc_id = passage_id(passage if passage is not None else format_contents(title, text))
+    return Hit(doc_id=str(doc_id), title=title, text=text, score=score, passage=passage)
+
+
+def parse_result(result: list[Any], k: int | None = None) -> list[list[Hit]]:
+    """Search-R1 `result` -> hits, at most `k` per query when given."""
+    return [[_hit(item) for item in docs[:k]] for docs in result]
 
 
 class HttpRetriever:
@@ -88,7 +109,14 @@ class HttpRetriever:
         for start in range(0, len(queries), self.max_batch):
             batch = queries[start : start + self.max_batch]
             body = self._post({"queries": batch, "topk": k, "return_scores": True})
-            out.extend(parse_result(body["result"]))
+            result = body.get("result") if isinstance(body, dict) else None
+            if not isinstance(result, list) or len(result) != len(batch):
+                got = len(result) if isinstance(result, list) else type(result).__name__
+                raise ValueError(
+                    f"retrieval server at {self.base_url} answered {len(batch)} queries with "
+                    f"{got} results; is it a Search-R1-schema /retrieve server?"
+                )
+            out.extend(parse_result(result, k))
         return out
 
     def health(self) -> dict[str, Any]:

@@ -1,16 +1,23 @@
 """Corpus loading, validation and fingerprinting.
 
 A corpus is a table with columns `doc_id`, `title`, `contents` (the body, without the
-title). Three inputs map onto it:
+title), and `passage`: the whole document as Search-R1's `contents` field, which the server
+answers with. Three inputs map onto it:
 
-- the task world's `corpus.parquet` and HotpotQA paragraphs exported to that schema;
+- the task world's `corpus.parquet` and HotpotQA paragraphs exported to that schema (their
+  `passage` is built, `"Title"\\ntext`);
 - Search-R1 / FlashRAG JSON Lines, `{"id": …, "contents": "\\"Title\\"\\ntext"}` (the title
   is the first line, in double quotes), also accepted with explicit `title` / `text` keys.
+  A record's `contents` is kept verbatim as its `passage`, whatever its form (a title
+  without quotes, no newline, CRLF, surrounding spaces), because that string is what
+  Search-R1's server sends and its agent reads.
 
 Duplicate ids and empty documents are reported; by default they are dropped (the first
 row of a duplicated id is kept) with a warning, and `on_problem="error"` refuses them.
 The fingerprint hashes the cleaned content, so a Parquet file and its JSONL export of
-the same documents have the same fingerprint.
+the same documents have the same fingerprint; a `passage` is hashed only where it is not
+the built `"Title"\\ntext`, so the fingerprints of such corpora (and the indexes built
+from them) did not change when `passage` was added.
 """
 
 from __future__ import annotations
@@ -28,6 +35,9 @@ import pandas as pd
 log = logging.getLogger(__name__)
 
 CORPUS_COLUMNS = ("doc_id", "title", "contents")
+"""The columns a corpus table (a world's, an exported one) must have."""
+PASSAGE = "passage"
+"""The column added on reading: the document as Search-R1's `contents`."""
 # How many offending ids a report shows in its message; the full lists stay on the report.
 _SHOWN_IDS = 5
 # Rows hashed per update; only bounds memory, the digest does not depend on it.
@@ -92,7 +102,7 @@ def parse_contents(contents: str) -> tuple[str, str]:
 
 
 def _read_jsonl(path: Path) -> pd.DataFrame:
-    ids, titles, bodies = [], [], []
+    ids, titles, bodies, passages = [], [], [], []
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -111,7 +121,11 @@ def _read_jsonl(path: Path) -> pd.DataFrame:
             ids.append(str(doc_id))
             titles.append(str(title))
             bodies.append(str(body))
-    return pd.DataFrame({"doc_id": ids, "title": titles, "contents": bodies})
+            # Verbatim: Search-R1's server answers with this field as stored.
+            passages.append(
+                str(row["contents"]) if "contents" in row else format_contents(titles[-1], body)
+            )
+    return pd.DataFrame({"doc_id": ids, "title": titles, "contents": bodies, PASSAGE: passages})
 
 
 def _read_table(path: Path) -> pd.DataFrame:
@@ -125,11 +139,13 @@ def _read_table(path: Path) -> pd.DataFrame:
         )
     df = df[list(CORPUS_COLUMNS)]
     # Ids may be stored as ints; titles or bodies may be null. Normalise to strings.
-    return df.assign(
+    df = df.assign(
         doc_id=df["doc_id"].astype(str),
         title=df["title"].fillna("").astype(str),
         contents=df["contents"].fillna("").astype(str),
     )
+    passages = [format_contents(t, c) for t, c in zip(df["title"], df["contents"], strict=True)]
+    return df.assign(**{PASSAGE: passages})
 
 
 def clean_corpus(df: pd.DataFrame) -> tuple[pd.DataFrame, CorpusReport]:
@@ -171,21 +187,26 @@ def load_corpus(
 def read_corpus(
     path: str | os.PathLike, on_problem: OnProblem | str = OnProblem.DROP
 ) -> pd.DataFrame:
-    """The cleaned corpus as a DataFrame with columns doc_id, title, contents."""
+    """The cleaned corpus as a DataFrame with columns doc_id, title, contents, passage."""
     return load_corpus(path, on_problem)[0]
 
 
 def corpus_fingerprint(df: pd.DataFrame) -> str:
     """SHA-256 over (doc_id, title, contents) of every row in order, length-prefixed so
-    that no two different corpora share a byte stream."""
+    that no two different corpora share a byte stream, and over each `passage` that is
+    not `format_contents(title, contents)` (tagged `p`, which no length prefix starts
+    with, so the stream stays unambiguous). A table without `passage` hashes as built."""
     h = hashlib.sha256()
     cols = [df[c].tolist() for c in CORPUS_COLUMNS]
+    cols.append(df[PASSAGE].tolist() if PASSAGE in df.columns else [None] * len(df))
     for start in range(0, len(df), _HASH_CHUNK):
         parts = []
-        for doc_id, title, body in zip(
+        for doc_id, title, body, passage in zip(
             *(c[start : start + _HASH_CHUNK] for c in cols), strict=True
         ):
             for value in (doc_id, title, body):
                 parts.append(f"{len(value)}:{value}")
+            if passage is not None and passage != format_contents(title, body):
+                parts.append(f"p{len(passage)}:{passage}")
         h.update("".join(parts).encode("utf-8"))
     return h.hexdigest()

@@ -5,7 +5,8 @@ index. Any `AutoModel`-loadable encoder works — a hub name or a local director
 through `from_pretrained`. e5 conventions are supported: `query: ` / `passage: `
 prefixes (chosen automatically when the model name contains "e5"), mean pooling over
 the attention mask, L2 normalisation (so inner product is cosine). Passages are encoded
-as Search-R1's `contents` (`"Title"\\ntext`). Flat inner product is exact and the
+as Search-R1 encodes them: each document's `contents` string as the corpus gave it
+(`"Title"\\ntext` for corpora stored as title and body). Flat inner product is exact and the
 default; HNSW is the approximate option for large corpora.
 """
 
@@ -25,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mem1_core.retrieval.base import Hit
-from mem1_core.retrieval.corpus import format_contents
+from mem1_core.retrieval.corpus import PASSAGE
 from mem1_core.retrieval.docstore import DocStore
 
 FAISS_NAME = "faiss.index"
@@ -176,7 +177,8 @@ def empty_faiss_index(dim: int, options: DenseOptions) -> faiss.Index:
 
 
 def passages(df: pd.DataFrame) -> list[str]:
-    return [format_contents(t, c) for t, c in zip(df["title"], df["contents"], strict=True)]
+    """The strings to encode: the corpus's `passage` column (see `corpus.PASSAGE`)."""
+    return df[PASSAGE].tolist()
 
 
 def build(df: pd.DataFrame, out_dir: Path, options: DenseOptions, show_progress: bool) -> None:

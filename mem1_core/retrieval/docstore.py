@@ -1,6 +1,10 @@
 """The documents of an index, stored beside it as an uncompressed Arrow IPC file and
 opened memory-mapped: row i is the document at index position i, so a loaded index costs
-page cache, not heap, however large the corpus."""
+page cache, not heap, however large the corpus.
+
+Besides id, title and body it stores each document's `passage` (Search-R1's `contents`,
+verbatim), which the server answers with. Stores written before that column existed still
+load; their hits carry no passage and the server builds `"Title"\\ntext`, as it did."""
 
 from __future__ import annotations
 
@@ -13,15 +17,16 @@ import pyarrow as pa
 import pyarrow.ipc
 
 from mem1_core.retrieval.base import Hit
-from mem1_core.retrieval.corpus import CORPUS_COLUMNS
+from mem1_core.retrieval.corpus import CORPUS_COLUMNS, PASSAGE
 from mem1_core.runs.atomic import atomic_path
 
-_SCHEMA = pa.schema([(c, pa.large_string()) for c in CORPUS_COLUMNS])
+_COLUMNS = (*CORPUS_COLUMNS, PASSAGE)
+_SCHEMA = pa.schema([(c, pa.large_string()) for c in _COLUMNS])
 
 
 def write_docstore(df: pd.DataFrame, path: str | os.PathLike) -> Path:
-    """Write the corpus rows (columns doc_id, title, contents) in index order."""
-    table = pa.Table.from_pandas(df[list(CORPUS_COLUMNS)], preserve_index=False).cast(_SCHEMA)
+    """Write the corpus rows (columns doc_id, title, contents, passage) in index order."""
+    table = pa.Table.from_pandas(df[list(_COLUMNS)], preserve_index=False).cast(_SCHEMA)
     with atomic_path(path) as tmp, pa.OSFile(str(tmp), "wb") as sink:
         with pa.ipc.new_file(sink, _SCHEMA) as writer:
             writer.write_table(table.combine_chunks())
@@ -61,6 +66,8 @@ class DocStore:
         self.path = Path(path)
         table = pa.ipc.open_file(pa.memory_map(str(self.path), "r")).read_all()
         self.doc_ids, self.titles, self.texts = (_Strings(table.column(c)) for c in CORPUS_COLUMNS)
+        names = table.schema.names
+        self.passages = _Strings(table.column(PASSAGE)) if PASSAGE in names else None
 
     def __len__(self) -> int:
         return len(self.doc_ids)
@@ -69,7 +76,8 @@ class DocStore:
         """Hits for several queries. rows[q], scores[q]: (k_q,) -> list of k_q hits."""
         flat = np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, dtype=np.int64)
         ids, titles, texts = (col.take(flat) for col in (self.doc_ids, self.titles, self.texts))
+        passages = self.passages.take(flat) if self.passages is not None else [None] * len(ids)
         flat_scores = np.concatenate(scores).tolist() if scores else []
-        hits = list(map(Hit, ids, titles, texts, flat_scores))
+        hits = list(map(Hit, ids, titles, texts, flat_scores, passages))
         bounds = np.cumsum([0, *map(len, rows)]).tolist()
         return [hits[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]

@@ -76,11 +76,15 @@ def _serve(args: argparse.Namespace) -> int:
     from mem1_core.retrieval import load_index, read_manifest
     from mem1_core.retrieval.server import ServerLimits, create_app, serve
 
+    limits = ServerLimits(  # first: a bad limit fails before a large index loads
+        default_topk=args.default_topk,
+        max_topk=args.max_topk,
+        max_queries=args.max_queries,
+        max_passages=args.max_passages,
+        max_body_bytes=args.max_body_bytes,
+    )
     manifest = read_manifest(args.index)
     retriever = load_index(args.index, args.corpus, device=args.device)
-    limits = ServerLimits(
-        max_topk=args.max_topk, max_queries=args.max_queries, max_query_chars=args.max_query_chars
-    )
     info = {"kind": manifest.kind.value, "documents": manifest.documents}
     serve(
         create_app(retriever, limits, info),
@@ -134,9 +138,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default=DEFAULT_HOST, help="bind address (default loopback)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--device", help="torch device for a dense encoder")
-    p.add_argument("--max-topk", type=int, default=limits.max_topk)
-    p.add_argument("--max-queries", type=int, default=limits.max_queries)
-    p.add_argument("--max-query-chars", type=int, default=limits.max_query_chars)
+    g = p.add_argument_group("request limits (see ServerLimits)")
+    g.add_argument("--default-topk", type=int, default=limits.default_topk, help="for topk 0/null")
+    g.add_argument("--max-topk", type=int, default=limits.max_topk, help="larger is served at this")
+    g.add_argument("--max-queries", type=int, default=limits.max_queries)
+    g.add_argument("--max-passages", type=int, default=limits.max_passages, help="queries x topk")
+    g.add_argument("--max-body-bytes", type=int, default=limits.max_body_bytes)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--access-log", action="store_true", help="log every request")
     p.set_defaults(func=_serve)
