@@ -32,11 +32,11 @@ def test_a_time_budget_ends_the_estimate_when_it_is_the_tighter_bound(tmp_path):
 
 def test_updates_are_throttled_for_the_file_and_the_log(tmp_path, caplog):
     path = tmp_path / "progress.json"
-    p = Progress("sft", total=1000, path=path, file_seconds=3600, log_seconds=3600)
     with caplog.at_level(logging.INFO, logger="mem1.progress"):
+        p = Progress("sft", total=1000, path=path, file_seconds=3600, log_seconds=3600)
         for i in range(1, 500):
             p.update(i, loss=1.0 / i)
-    assert read(path)["done"] == 1  # the first update wrote; the next 498 waited
+    assert read(path)["done"] == 0  # the start wrote; the next 499 updates waited
     assert len([r for r in caplog.records if r.name == "mem1.progress"]) == 1
     with caplog.at_level(logging.INFO, logger="mem1.progress"):
         p.close()  # the end is always reported

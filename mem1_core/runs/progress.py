@@ -58,6 +58,7 @@ class Progress:
         self._file_at = self._log_at = -1e9
         self.done = 0
         self.metrics: dict = {}
+        self._emit(final=False)  # the stage is on screen from its first second
 
     def fraction(self) -> float | None:
         fr = [self.done / self.total] if self.total else []
