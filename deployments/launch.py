@@ -222,7 +222,7 @@ class StatusLine:
     one line: redrawn in place every poll on a terminal, else printed every
     `every` seconds (and whenever the stage changes), so a log file does not flood."""
 
-    def __init__(self, path: Path | None, every: float = 10.0):
+    def __init__(self, path: Path | None, every: float = 5.0):
         self.path, self.every = path, every
         self.tty = sys.stderr.isatty()
         self.last_text, self.last_at, self.last_stage = "", 0.0, None
@@ -234,6 +234,11 @@ class StatusLine:
         st = read(self.path) if self.path else None
         if not st:
             return
+        if not st.get("final"):  # the clock runs between the stage's updates
+            since = max(0.0, time.time() - st.get("time", time.time()))
+            st["elapsed_s"] += since
+            if st.get("eta_s") is not None:
+                st["eta_s"] = max(0.0, st["eta_s"] - since)
         text = f"[mem1] {line(st)}"
         now = time.monotonic()
         if self.tty:
