@@ -327,7 +327,7 @@ def per_turn_step(model, trajs: list[Paths], rows: int, pad_id: int) -> float:
 def tree_step(model, batch: FlatBatch, attn: str) -> float:
     """One step over the flattened tree: one-pass BlockMask under flex; forward_tree's
     default (shared prefix) under sdpa, or the one-pass mask under checkpointing."""
-    from mem1_core.rl.ppo import one_pass_mask
+    from mem1_core.rl.passes import one_pass_mask
 
     mask = one_pass_mask(model, batch, attn)
     logp = forward_tree(model, batch, attn, mask=mask).logprobs

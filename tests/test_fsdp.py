@@ -78,7 +78,7 @@ def _worker(rank: int, world: int, port: int) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from mem1_core.rl.ppo import select_rows
+    from mem1_core.rl.batch import select_rows
     from mem1_core.training.fsdp import full_state_dict, rank_rows, shard_critic, shard_policy
     from mem1_core.trajectory.logprobs import forward_tree, tree_attention_mask
 

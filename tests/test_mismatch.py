@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from mem1_core.rl.ppo import make_rollout_batch
+from mem1_core.rl.batch import make_rollout_batch
 from mem1_core.rollout.memory import get_memory
 from mem1_core.trajectory.mismatch import rollout_logprob_mismatch, turn_logprob_mismatch
 from mem1_core.trajectory.record import Action, Trajectory, Turn

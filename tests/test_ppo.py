@@ -15,19 +15,16 @@ import torch
 
 from mem1_core.config import ModelConfig, PPOConfig, RolloutConfig
 from mem1_core.models.model import build_tiny_model
+from mem1_core.rl.batch import Models, Targets, make_rollout_batch
 from mem1_core.rl.critic import Critic
-from mem1_core.rl.ppo import (
-    Models,
+from mem1_core.rl.passes import (
     NonFiniteError,
     NonFiniteGuard,
-    Targets,
     accumulate_gradients,
-    estimate_advantages,
-    make_rollout_batch,
     ppo_loss,
     score,
-    update,
 )
+from mem1_core.rl.ppo import estimate_advantages, update
 from mem1_core.rollout.env import QAEnvironment
 from mem1_core.rollout.generation import HFBackend
 from mem1_core.rollout.loop import rollout
@@ -170,8 +167,8 @@ def test_micro_batches_give_the_full_batch_gradient(policy, trajs, small_tokeniz
     grads = []
     for micro in (4, 2, 1):
         cfg = dataclasses.replace(PPO, minibatch_size=4, micro_batch_size=micro)
-        metrics = accumulate_gradients(models, rb.batch, targets, rows, cfg, ATTN)
-        assert metrics is not None
+        metrics, finite = accumulate_gradients(models, rb.batch, targets, rows, cfg, ATTN)
+        assert finite
         mods = [models.policy, models.critic]
         grads.append(([p.grad.clone() for m in mods for p in m.parameters()], metrics))
         for m in mods:
@@ -333,7 +330,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(policy, trajs, small_to
         for p in models.policy.parameters():
             p.add_(0.05 * torch.randn_like(p))
     rows = torch.tensor([2, 0, 3, 1])
-    metrics = accumulate_gradients(models, rb.batch, targets, rows, PPO, ATTN)
+    metrics, _ = accumulate_gradients(models, rb.batch, targets, rows, PPO, ATTN)
     plain = _grads(models)
     checkpointed = Models(
         enable_gradient_checkpointing(copy.deepcopy(models.policy)),
@@ -355,7 +352,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(policy, trajs, small_to
         return mlp_forward(x)
 
     mlp.forward = counted
-    again = accumulate_gradients(checkpointed, rb.batch, targets, rows, PPO, ATTN)
+    again, _ = accumulate_gradients(checkpointed, rb.batch, targets, rows, PPO, ATTN)
     del mlp.forward
     assert calls[0] == 2 * len(rows) // PPO.micro_batch_size
     for a, b in zip(plain, _grads(checkpointed), strict=True):
@@ -387,11 +384,11 @@ def test_sequence_bucketing_changes_no_logprob_value_or_gradient(policy, trajs, 
     t1, _ = estimate_advantages(plain, t1, PPO, "gae")
     t2, _ = estimate_advantages(bucketed, t2, PPO, "gae")
     rows = torch.tensor([2, 0, 3, 1])
-    m1 = accumulate_gradients(models, plain.batch, t1, rows, PPO, ATTN)
+    m1, _ = accumulate_gradients(models, plain.batch, t1, rows, PPO, ATTN)
     g1 = _grads(models)
     for m in (models.policy, models.critic):
         m.zero_grad(set_to_none=True)
-    m2 = accumulate_gradients(models, bucketed.batch, t2, rows, PPO, ATTN, seq_bucket=64)
+    m2, _ = accumulate_gradients(models, bucketed.batch, t2, rows, PPO, ATTN, seq_bucket=64)
     for a, b in zip(g1, _grads(models), strict=True):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
     for k, v in m1.items():

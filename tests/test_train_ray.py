@@ -37,7 +37,7 @@ def ray_cleanup():
 
 
 def _tree_logprobs(model, trajs, pad_id):
-    from mem1_core.rl.ppo import make_rollout_batch
+    from mem1_core.rl.batch import make_rollout_batch
     from mem1_core.trajectory.logprobs import forward_tree
 
     rb = make_rollout_batch(trajs, pad_id)

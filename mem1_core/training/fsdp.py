@@ -24,7 +24,7 @@ weights would lose small updates: with the paper's actor lr 1e-6, an Adam step i
 half a bf16 ulp of a typical weight, so it rounds to no change.
 
 Gradients are summed over ranks (divide factor 1), not averaged: every rank divides its
-loss by the generated-token count of the whole minibatch (mem1_core.rl.ppo's normalizer), so
+loss by the generated-token count of the whole minibatch (mem1_core.rl.passes.s normalizer), so
 the sum is the full minibatch's gradient, exactly as with micro-batches.
 
 Wiring notes for the trainer (followed by mem1_core.training.fsdp_learner): ranks must run the same

@@ -1,24 +1,40 @@
 """The learner: policy, frozen reference (the initial policy), critic and their optimisers;
 `update(trajectories)` is mem1_core.rl.ppo.update; `get_weights()` hands the policy's
-weights out on CPU. Under `resources.learner_strategy=fsdp` the learner is a group of ranks
-instead (mem1_core.training.fsdp_learner.LearnerRank, same methods)."""
+weights out on CPU.
+
+One learner for both strategies: under `resources.learner_strategy=fsdp` each rank of the
+group is a `LearnerRank` (mem1_core.training.fsdp_learner), a subclass of `Learner` that
+shares the model building, the update, the checkpoint's metadata and the resume checks, and
+overrides only what sharding changes: where the models go (`_place`), how the passes are
+split (`split`, the hook of mem1_core.rl.passes) and how full weights are gathered and
+scattered (`get_weights`, `_checkpoint_parts`, `_load_checkpoint`)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from mem1_core.config import Config
 from mem1_core.models.model import enable_gradient_checkpointing, master_weights
+from mem1_core.rl.batch import Models
 from mem1_core.rl.critic import VALUE_HEAD_FILE, Critic
 from mem1_core.rl.estimators import get_estimator
-from mem1_core.rl.ppo import Models, NonFiniteGuard, update
+from mem1_core.rl.passes import LOCAL, NonFiniteGuard, Split
+from mem1_core.rl.ppo import update
 from mem1_core.runs.assets import ensure_tokenizer, load_policy
-from mem1_core.runs.checkpoint import TrainState, load_checkpoint, save_checkpoint
+from mem1_core.runs.checkpoint import (
+    STATE_FILE,
+    TrainState,
+    load_checkpoint,
+    read_state,
+    save_checkpoint,
+)
 from mem1_core.runs.layout import RunPaths
 from mem1_core.training.actor_pool import drop_state
 from mem1_core.training.ray_start import actor_device, set_threads
@@ -28,29 +44,27 @@ KEEP_CHECKPOINTS = 3
 """Checkpoints kept on disk (the newest)."""
 
 
-def run_update(learner, trajs: list[Trajectory], iteration: int, **passes) -> dict[str, Any]:
-    """mem1_core.rl.ppo.update with a learner's models, optimisers and run settings (the single
-    `Learner` and each FSDP `LearnerRank`; `passes`: a rank's sharded score_fn / epochs_fn).
-    The minibatch order is seeded per iteration: the same after a resume and on every rank."""
-    cfg = learner.cfg
-    return update(
-        learner.models,
-        learner.optimizers,
-        trajs,
-        cfg.ppo,
-        estimator=learner.estimator,
-        attn=cfg.model.attn,
-        pad_id=learner.tokenizer.pad_token_id,
-        guard=learner.guard,
-        generator=torch.Generator().manual_seed(cfg.model.seed * 1_000_003 + iteration),
-        temperature=cfg.rollout.temperature or 1.0,
-        seq_bucket=cfg.model.seq_bucket,
-        **passes,
-    )
+def check_resumable(ckpt: Path, state: TrainState, estimator: str, strategy: str) -> None:
+    """A checkpoint resumes only under the estimator and learner strategy that wrote it: the
+    single learner keys its optimiser state by position, the FSDP group by parameter name."""
+    saved = state.extra.get("estimator", estimator)
+    if saved != estimator:
+        raise ValueError(f"{ckpt} was trained with estimator {saved!r}, not {estimator!r}")
+    written = state.extra.get("learner_strategy", "single")
+    if written != strategy:
+        raise ValueError(
+            f"{ckpt} was saved by the {written!r} learner, whose optimiser state is not laid "
+            f"out for resources.learner_strategy={strategy}: resume it with "
+            f"resources.learner_strategy={written}, or start a new run from its weights (--init)"
+        )
 
 
 class Learner:
-    """Policy, frozen reference (the initial policy), critic and their optimisers."""
+    """Policy, frozen reference (the initial policy), critic and their optimisers, in this
+    process (`resources.learner_strategy=single`)."""
+
+    strategy = "single"
+    """Written into the checkpoints' state (`learner_strategy`) and checked on resume."""
 
     def __init__(
         self,
@@ -60,43 +74,57 @@ class Learner:
         estimator: str = "gae",
         threads: int | None = None,
     ):
+        self._setup(cfg, run_root, init, estimator, threads)
+        self._build(actor_device(cfg.resources.learner_gpus))
+
+    def _setup(
+        self, cfg: Config, run_root: str, init: str | None, estimator: str, threads: int | None
+    ) -> None:
         set_threads(threads)
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # one "Writing model shards" bar per checkpoint
         self.cfg, self.estimator = cfg, estimator
         self.paths = RunPaths(Path(run_root))
-        self.device = actor_device(cfg.resources.learner_gpus)
+        self.init = None if init is None else Path(init)
+        self.split: Split = LOCAL
+        self.autocast: Any = contextlib.nullcontext()
+
+    def _build(self, device: torch.device) -> None:
+        """Load the policy (`init`, else the initial one), copy it as the frozen reference,
+        load or derive the critic, place them (`_place`), then the optimisers."""
+        cfg = self.cfg
         self.tokenizer = ensure_tokenizer(cfg, self.paths)
-        init_dir = None if init is None else Path(init)
-        policy = load_policy(cfg, self.tokenizer, init_dir, self.device)
+        policy = load_policy(cfg, self.tokenizer, self.init, device)
         reference = copy.deepcopy(policy).requires_grad_(False)
         critic = None
-        if get_estimator(estimator).uses_critic:
-            saved = init_dir.parent / "critic" if init_dir is not None else None
+        if get_estimator(self.estimator).uses_critic:
+            saved = self.init.parent / "critic" if self.init is not None else None
             if saved is not None and (saved / VALUE_HEAD_FILE).is_file():
                 critic = Critic.load(saved, cfg.model.dtype, cfg.model.attn)
             else:
                 critic = Critic.from_policy(policy)
-            critic = critic.to(self.device).eval()
-        # float32 master weights under bf16/fp16 autocast (the reference stays as loaded).
-        self.autocast = master_weights(policy, cfg.model.dtype)
-        if critic is not None:
-            master_weights(critic, cfg.model.dtype)
-        if cfg.model.gradient_checkpointing:  # after every .eval(): that would undo it
-            enable_gradient_checkpointing(policy)
-            if critic is not None:
-                enable_gradient_checkpointing(critic.backbone)
-        self.models = Models(policy, reference, critic)
+            critic = critic.to(device).eval()
+        self.models = self._place(policy, reference, critic)
         # weight_decay=0: PPO's small steps should not also shrink the warm start.
         self.optimizers = {
-            "policy": torch.optim.AdamW(policy.parameters(), lr=cfg.ppo.actor_lr, weight_decay=0.0)
+            "policy": torch.optim.AdamW(
+                self.models.policy.parameters(), lr=cfg.ppo.actor_lr, weight_decay=0.0
+            )
         }
-        if critic is not None:
+        if self.models.critic is not None:
             self.optimizers["critic"] = torch.optim.AdamW(
-                critic.parameters(), lr=cfg.ppo.critic_lr, weight_decay=0.0
+                self.models.critic.parameters(), lr=cfg.ppo.critic_lr, weight_decay=0.0
             )
         self.guard = NonFiniteGuard(cfg.ppo.max_nonfinite_in_row)
+
+    def _place(self, policy: nn.Module, reference: nn.Module, critic: Critic | None) -> Models:
+        """float32 master weights under bf16/fp16 autocast (the reference stays as loaded)."""
+        self.autocast = master_weights(policy, self.cfg.model.dtype)
+        if critic is not None:
+            master_weights(critic, self.cfg.model.dtype)
+        checkpoint_activations(self.cfg, policy, critic)
+        return Models(policy, reference, critic)
 
     def reset(self, *args: Any) -> None:
         """Become a fresh learner for another run, in this process (mem1_core.training.actor_pool)."""
@@ -104,46 +132,84 @@ class Learner:
         self.__init__(*args)
 
     def update(self, trajs: list[Trajectory], iteration: int) -> dict[str, Any]:
+        """mem1_core.rl.ppo.update with this learner's models, optimisers and run settings.
+        The minibatch order is seeded per iteration: the same after a resume and on every
+        rank."""
         t0 = time.perf_counter()
+        cfg = self.cfg
         with self.autocast:
-            stats = run_update(self, trajs, iteration)
+            stats = update(
+                self.models,
+                self.optimizers,
+                trajs,
+                cfg.ppo,
+                estimator=self.estimator,
+                attn=cfg.model.attn,
+                pad_id=self.tokenizer.pad_token_id,
+                guard=self.guard,
+                generator=torch.Generator().manual_seed(cfg.model.seed * 1_000_003 + iteration),
+                temperature=cfg.rollout.temperature or 1.0,
+                seq_bucket=cfg.model.seq_bucket,
+                split=self.split,
+            )
         return stats | {"update_seconds": time.perf_counter() - t0}
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu() for k, v in self.models.policy.state_dict().items()}
 
     def save(self, state: TrainState) -> str:
+        """Write a checkpoint (atomically, mem1_core.runs.checkpoint). -> its path ("" on a
+        process that does not write it)."""
+        parts = self._checkpoint_parts()
+        if parts is None:
+            return ""
         extra = state.extra | {
             "nonfinite_total": self.guard.total,
             "nonfinite_in_row": self.guard.in_row,
             "estimator": self.estimator,
-            "learner_strategy": "single",
+            "learner_strategy": self.strategy,
         }
         out = save_checkpoint(
             self.paths.checkpoints,
             TrainState(state.iteration, state.elapsed_seconds, extra),
-            policy=self.models.policy,
-            optimizers=self.optimizers,
             config=self.cfg,
-            critic=self.models.critic,
             tokenizer=self.tokenizer,
             keep=KEEP_CHECKPOINTS,
+            **parts,
         )
         return str(out)
 
+    def _checkpoint_parts(self) -> dict[str, Any] | None:
+        """What `save_checkpoint` writes besides the state: models and optimisers."""
+        return {
+            "policy": self.models.policy,
+            "optimizers": self.optimizers,
+            "critic": self.models.critic,
+        }
+
     def restore(self, path: str) -> TrainState:
-        state = load_checkpoint(
-            path, policy=self.models.policy, optimizers=self.optimizers, critic=self.models.critic
-        )
-        saved = state.extra.get("estimator", self.estimator)
-        if saved != self.estimator:
-            raise ValueError(f"{path} was trained with estimator {saved!r}, not {self.estimator!r}")
-        strategy = state.extra.get("learner_strategy", "single")
-        if strategy != "single":  # its optimiser state is keyed by name, not by position
-            raise ValueError(
-                f"{path} was saved by the {strategy!r} learner: resume it with "
-                f"resources.learner_strategy={strategy}, or start a new run from its weights (--init)"
-            )
+        """Load a checkpoint this estimator and learner strategy wrote: weights, optimiser
+        states, RNG and the non-finite counters."""
+        ckpt = Path(path)
+        if not (ckpt / STATE_FILE).is_file():
+            raise FileNotFoundError(f"{ckpt} is not a checkpoint (no {STATE_FILE})")
+        state = read_state(ckpt)
+        check_resumable(ckpt, state, self.estimator, self.strategy)
+        self._load_checkpoint(ckpt)
         self.guard.total = int(state.extra.get("nonfinite_total", 0))
         self.guard.in_row = int(state.extra.get("nonfinite_in_row", 0))
         return state
+
+    def _load_checkpoint(self, ckpt: Path) -> None:
+        load_checkpoint(
+            ckpt, policy=self.models.policy, optimizers=self.optimizers, critic=self.models.critic
+        )
+
+
+def checkpoint_activations(cfg: Config, policy: nn.Module, critic: Critic | None) -> None:
+    """`model.gradient_checkpointing` on the policy and the critic's backbone; after every
+    `.eval()`, which would undo it."""
+    if cfg.model.gradient_checkpointing:
+        enable_gradient_checkpointing(policy)
+        if critic is not None:
+            enable_gradient_checkpointing(critic.backbone)

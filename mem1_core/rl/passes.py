@@ -1,0 +1,345 @@
+"""The learner's passes over the models, one implementation for every learner: scoring
+(old / reference log-probs and values), the PPO loss of a micro-batch, gradient accumulation
+over a minibatch, the optimiser step (or its skip), and the epoch loop.
+
+How the passes are split over processes is one hook, `Split`: the single learner runs every
+row itself (`LOCAL`); an FSDP rank runs its share and sums over ranks
+(mem1_core.training.fsdp_learner.RankSplit).
+
+- Micro-batching is exact: every loss divides by the generated-token count of the whole
+  minibatch (`normalizer`), so the summed micro-batch gradients equal the full batch's,
+  and, split over ranks, so does the sum of the ranks' gradients.
+- A non-finite loss or gradient norm skips the optimiser step (no parameter moves), is
+  logged and counted; `max_nonfinite_in_row` skipped steps in a row raise NonFiniteError.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from mem1_core.config import PPOConfig
+from mem1_core.models.model import is_checkpointing
+from mem1_core.rl.batch import Models, RolloutBatch, Targets, micro_batches, select_rows
+from mem1_core.rl.losses import clipped_policy_loss, clipped_value_loss, entropy_bonus, kl_loss
+from mem1_core.trajectory.logprobs import Attn, forward_tree, tree_attention_mask
+from mem1_core.trajectory.tree import FlatBatch
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteError(RuntimeError):
+    """Too many optimiser steps in a row had a non-finite loss or gradient."""
+
+
+@dataclass
+class NonFiniteGuard:
+    """Counts skipped (non-finite) steps; raises after `max_in_row` in a row."""
+
+    max_in_row: int
+    in_row: int = 0
+    total: int = 0
+
+    def record(self, finite: bool, detail: str = "") -> None:
+        if finite:
+            self.in_row = 0
+            return
+        self.in_row += 1
+        self.total += 1
+        log.warning(
+            "non-finite %s: update skipped (%d in a row, %d in total)",
+            detail or "loss or gradient",
+            self.in_row,
+            self.total,
+        )
+        if self.in_row >= self.max_in_row:
+            raise NonFiniteError(
+                f"{self.in_row} updates in a row had a non-finite {detail or 'loss or gradient'} "
+                f"and were skipped (limit ppo.max_nonfinite_in_row={self.max_in_row}). The "
+                "weights are the last finite ones: lower ppo.actor_lr / ppo.critic_lr, check the "
+                "model dtype and the rewards, or raise the limit."
+            )
+
+
+def one_pass_mask(model: nn.Module, batch: FlatBatch, attn: str) -> object | None:
+    """The mask a pass of `model` over `batch` should be given: None (forward_tree picks
+    the shared-prefix forward under sdpa/eager, a BlockMask under flex) unless the pass
+    needs the one-pass tree mask: under activation checkpointing with gradients on, a
+    checkpointed layer drops the KV cache that the shared-prefix forward hands from the
+    trunk to the branches (Hugging Face does so: a recompute would write it twice)."""
+    if Attn(attn) is Attn.FLEX or (torch.is_grad_enabled() and is_checkpointing(model)):
+        return tree_attention_mask(batch, attn, next(model.parameters()).dtype)
+    return None
+
+
+@dataclass(frozen=True)
+class Split:
+    """How a learner's passes are split over processes: the one hook through which the FSDP
+    ranks (mem1_core.training.fsdp_learner.RankSplit) differ from the single learner, which
+    is this class as it is (`LOCAL`): every row in this process, nothing to reduce.
+
+    - `micro_batches`: this process's micro-batches of `rows`, each with its cut length and
+      whether it is real (False: a stand-in whose loss mask is emptied, so that every rank
+      runs the same number of passes);
+    - `mask`: the attention mask a pass is given (None: forward_tree picks);
+    - `forward`: the policy's tree forward;
+    - `reduce`: sum a tensor over processes, in place;
+    - `stop_early`: stop a minibatch's backward passes at the first non-finite loss (a rank
+      must not: the others would wait in its reduce-scatter)."""
+
+    stop_early: bool = True
+
+    def micro_batches(
+        self, rows: Tensor, size: int, batch: FlatBatch, seq_bucket: int
+    ) -> list[tuple[Tensor, int, bool]]:
+        return [(m, n, True) for m, n in micro_batches(rows, size, batch, seq_bucket)]
+
+    def mask(self, model: nn.Module, batch: FlatBatch, attn: str) -> object | None:
+        return one_pass_mask(model, batch, attn)
+
+    def forward(self, model: nn.Module, batch: FlatBatch, attn: str, **kwargs: Any) -> Any:
+        return forward_tree(model, batch, attn, **kwargs)
+
+    def reduce(self, x: Tensor) -> Tensor:
+        return x
+
+
+LOCAL = Split()
+"""The single learner: all rows here."""
+
+
+def emptied(mb: FlatBatch, t: Targets | None = None) -> tuple[FlatBatch, Targets | None]:
+    """A stand-in micro-batch: no generated token, so no log-prob is read and the loss is 0."""
+    none = torch.zeros_like(mb.loss_mask)
+    t = None if t is None else dataclasses.replace(t, loss_mask=none)
+    return dataclasses.replace(mb, loss_mask=none), t
+
+
+@torch.no_grad()
+def score(
+    models: Models,
+    rb: RolloutBatch,
+    attn: str,
+    micro_batch_size: int,
+    temperature: float = 1.0,
+    *,
+    seq_bucket: int = 1,
+    split: Split = LOCAL,
+) -> Targets:
+    """Old log-probs (current policy), reference log-probs and values, all over the tree,
+    log-probs at the rollout's sampling temperature (the distribution sampled from).
+    Advantages and returns are left empty (zeros) for `estimate_advantages`. Split over
+    processes, each scores its rows and the sums over processes fill the whole batch (a row
+    is non-zero on the one process that scored it)."""
+    b, length = rb.batch.input_ids.shape
+    old = torch.zeros(b, length, device=rb.batch.input_ids.device)
+    ref = torch.zeros_like(old) if models.reference is not None else None
+    values = torch.zeros_like(old) if models.critic is not None else None
+    plan = split.micro_batches(torch.arange(b), micro_batch_size, rb.batch, seq_bucket)
+    for rows, n, real in plan:
+        mb = select_rows(rb.batch, rows, n)
+        mb = mb if real else emptied(mb)[0]
+        # A BlockMask (flex) is built once and read by all three models.
+        mask = split.mask(models.policy, mb, attn)
+        logp = split.forward(models.policy, mb, attn, temperature=temperature, mask=mask).logprobs
+        ref_logp = None
+        if ref is not None:
+            ref_logp = split.forward(
+                models.reference, mb, attn, temperature=temperature, mask=mask
+            ).logprobs
+        v = models.critic(mb, attn, mask=mask) if values is not None else None
+        if not real:
+            continue
+        old[rows, :n] = logp
+        if ref is not None:
+            ref[rows, :n] = ref_logp
+        if values is not None:
+            values[rows, :n] = v
+    for x in (old, ref, values):
+        if x is not None:
+            split.reduce(x)
+    zeros = torch.zeros_like(old)
+    return Targets(rb.batch.loss_mask, old, zeros, zeros, values, ref)
+
+
+def ppo_loss(
+    logp: Tensor,
+    entropy: Tensor | None,
+    values: Tensor | None,
+    t: Targets,
+    cfg: PPOConfig,
+    normalizer: int | Tensor,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The minibatch objective on one micro-batch. logp, entropy, values: (b, l) and the
+    matching Targets -> scalar loss (policy + value + KL/entropy terms), metrics. Only
+    generated tokens enter; `normalizer` is the whole minibatch's generated-token count."""
+    loss, m = clipped_policy_loss(
+        logp, t.old_logp, t.advantages, t.loss_mask, cfg.clip_eps, normalizer=normalizer
+    )
+    metrics = {"pg_loss": loss.detach(), **m}
+    if values is not None:
+        vf, vm = clipped_value_loss(
+            values, t.old_values, t.returns, t.loss_mask, cfg.value_clip_eps, normalizer=normalizer
+        )
+        loss = loss + vf
+        metrics |= {"vf_loss": vf.detach(), **vm}
+    if cfg.entropy_coef and entropy is not None:
+        ent = entropy_bonus(entropy, t.loss_mask, normalizer)
+        loss = loss - cfg.entropy_coef * ent
+        metrics["entropy"] = ent.detach()
+    if cfg.kl_in_loss and t.ref_logp is not None:
+        kl, _ = kl_loss(logp, t.ref_logp, t.loss_mask, cfg.kl_kind, normalizer=normalizer)
+        loss = loss + cfg.kl_coef * kl
+        metrics["kl_loss"] = kl.detach()
+    return loss, metrics
+
+
+def accumulate_gradients(
+    models: Models,
+    batch: FlatBatch,
+    t: Targets,
+    rows: Tensor,
+    cfg: PPOConfig,
+    attn: str,
+    temperature: float = 1.0,
+    *,
+    seq_bucket: int = 1,
+    split: Split = LOCAL,
+) -> tuple[dict[str, Tensor], bool]:
+    """Backward of one minibatch (`rows`; this process's share of it), micro-batch by
+    micro-batch, into `.grad`. -> the summed metrics, and whether every loss was finite."""
+    normalizer = t.loss_mask[rows].sum().clamp_min(1)  # the whole minibatch's count
+    total: dict[str, Tensor] = {}
+    finite = True
+    for micro, n, real in split.micro_batches(rows, cfg.micro_batch_size, batch, seq_bucket):
+        mb, tm = select_rows(batch, micro, n), t.rows(micro, n)
+        if not real:
+            mb, tm = emptied(mb, tm)
+        mask = split.mask(models.policy, mb, attn)
+        out = split.forward(
+            models.policy,
+            mb,
+            attn,
+            with_entropy=cfg.entropy_coef > 0,
+            temperature=temperature,
+            mask=mask,
+        )
+        # The critic always runs one pass; it reuses the policy's mask when there is one.
+        values = models.critic(mb, attn, mask=mask) if models.critic is not None else None
+        loss, metrics = ppo_loss(out.logprobs, out.entropy, values, tm, cfg, normalizer)
+        finite = finite and bool(torch.isfinite(loss))
+        if not finite and split.stop_early:
+            break
+        loss.backward()
+        for k, v in metrics.items():
+            total[k] = total.get(k, 0.0) + v
+    return total, finite
+
+
+def trainable_parameters(models: Models) -> dict[str, list[nn.Parameter]]:
+    groups = {"policy": [p for p in models.policy.parameters() if p.requires_grad]}
+    if models.critic is not None:
+        groups["critic"] = [p for p in models.critic.parameters() if p.requires_grad]
+    return groups
+
+
+def _full_norm(norm: Tensor) -> float:
+    """A gradient norm as a float; over sharded (DTensor) parameters it is a DTensor."""
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+
+def optimizer_step(
+    models: Models,
+    optimizers: dict[str, torch.optim.Optimizer],
+    cfg: PPOConfig,
+    guard: NonFiniteGuard,
+    metrics: dict[str, Tensor],
+    finite_loss: bool,
+    split: Split = LOCAL,
+) -> dict[str, float] | None:
+    """Clip and step every optimiser, or none: a non-finite loss (on any process) or
+    gradient norm skips the whole step. Gradients are cleared either way. -> the metrics
+    (summed over processes) and gradient norms, or None when the step was skipped."""
+    keys = sorted(metrics)
+    device = next(models.policy.parameters()).device
+    flag = torch.tensor(0.0 if finite_loss else 1.0, device=device)
+    packed = split.reduce(
+        torch.stack(
+            [flag, *(torch.as_tensor(metrics[k]).detach().float().to(device) for k in keys)]
+        )
+    )
+    loss_ok = bool(packed[0] == 0)
+    norms: dict[str, float] = {}
+    if loss_ok:
+        for name, params in trainable_parameters(models).items():
+            norms[f"{name}_grad_norm"] = _full_norm(
+                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            )
+    finite = loss_ok and all(math.isfinite(v) for v in norms.values())
+    guard.record(finite, "gradient norm" if loss_ok else "loss")
+    if finite:
+        for opt in optimizers.values():
+            opt.step()
+    for opt in optimizers.values():
+        opt.zero_grad(set_to_none=True)
+    if not finite:
+        return None
+    return {k: float(v) for k, v in zip(keys, packed[1:].tolist(), strict=True)} | norms
+
+
+def ppo_epochs(
+    models: Models,
+    optimizers: dict[str, torch.optim.Optimizer],
+    rb: RolloutBatch,
+    t: Targets,
+    cfg: PPOConfig,
+    attn: str,
+    guard: NonFiniteGuard,
+    generator: torch.Generator | None = None,
+    temperature: float = 1.0,
+    *,
+    seq_bucket: int = 1,
+    split: Split = LOCAL,
+) -> dict[str, float]:
+    """`cfg.ppo_epochs` passes over shuffled minibatches of trajectories (the same order in
+    every process: the same generator). -> mean metrics."""
+
+    def step(rows: Tensor) -> dict[str, float] | None:
+        metrics, finite = accumulate_gradients(
+            models, rb.batch, t, rows, cfg, attn, temperature, seq_bucket=seq_bucket, split=split
+        )
+        return optimizer_step(models, optimizers, cfg, guard, metrics, finite, split)
+
+    return run_epochs(rb.batch.input_ids, cfg, generator, step)
+
+
+def run_epochs(
+    input_ids: Tensor,
+    cfg: PPOConfig,
+    generator: torch.Generator | None,
+    step: Callable[[Tensor], dict[str, float] | None],
+) -> dict[str, float]:
+    """The epoch loop of every learner: `cfg.ppo_epochs` passes over the batch's rows in
+    shuffled minibatches; `step(rows)` trains on one and returns its metrics, or None when
+    it skipped the update. -> the metrics averaged over the steps taken, and the counts."""
+    sums: dict[str, float] = {}
+    steps = skipped = 0
+    for _ in range(cfg.ppo_epochs):
+        order = torch.randperm(input_ids.shape[0], generator=generator).to(input_ids.device)
+        for rows in order.split(cfg.minibatch_size):
+            done = step(rows)
+            if done is None:
+                skipped += 1
+                continue
+            steps += 1
+            for k, v in done.items():
+                sums[k] = sums.get(k, 0.0) + v
+    out = {k: v / max(steps, 1) for k, v in sums.items()}
+    return out | {"optimizer_steps": steps, "skipped_steps": skipped}
