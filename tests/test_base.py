@@ -68,7 +68,8 @@ def test_a_directory_without_a_manifest_or_weights_is_refused(small_tokenizer, t
 
 def test_a_run_with_a_base_adopts_its_tokenizer_and_refuses_another(small_tokenizer, tmp_path):
     from mem1_core.models.tokenizer import train_tiny_tokenizer
-    from mem1_core.runs.assets import RunPaths, ensure_tokenizer
+    from mem1_core.runs.assets import ensure_tokenizer
+    from mem1_core.runs.layout import RunPaths
 
     base = _fake_base(tmp_path / "base", small_tokenizer)
     cfg = load_config("smoke", overrides=[f"model.base={base}"])

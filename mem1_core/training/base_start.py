@@ -21,7 +21,8 @@ def start_from_base(cfg, out_dir: str | Path, assets_dir: str | Path, *, memory:
     from mem1_core.evaluation.evaluate import evaluate_policy
     from mem1_core.models.base import check_base, resolve_base
     from mem1_core.models.model import load_model
-    from mem1_core.runs.assets import RunPaths, ensure_tokenizer, load_tasks, make_env, prepare
+    from mem1_core.runs.assets import ensure_tokenizer, load_tasks, make_env, prepare
+    from mem1_core.runs.layout import RunPaths
 
     t0 = time.perf_counter()
     out = Path(out_dir).resolve()

@@ -46,7 +46,6 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from mem1_core.rollout.generation import HFBackend
     from mem1_core.rollout.loop import rollout
     from mem1_core.runs.assets import (
-        RunPaths,
         adopt_init_tokenizer,
         ensure_tokenizer,
         initial_policy,
@@ -54,6 +53,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         make_env,
         prepare,
     )
+    from mem1_core.runs.layout import RunPaths
     from mem1_core.trajectory.record import write_trajectories
 
     cfg = config_from_args(args)
