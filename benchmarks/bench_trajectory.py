@@ -83,7 +83,7 @@ class TrajectoryBenchConfig:
 
     turns: tuple[int, ...] = (2, 4, 8, 16)
     """Numbers of turns T to measure."""
-    policies: tuple[str, ...] = ("mem1", "full")
+    memories: tuple[str, ...] = ("mem1", "full")
     """Memory policies (keys of POLICIES)."""
     trajectories: int = 4
     """Trajectories per batch B (also the rows per micro-batch of the per-turn baseline)."""
@@ -113,9 +113,9 @@ class TrajectoryBenchConfig:
     with other jobs is not counted; meaningful with threads=1, where it is one thread's)."""
 
     def __post_init__(self) -> None:
-        unknown = set(self.policies) - POLICIES.keys()
+        unknown = set(self.memories) - POLICIES.keys()
         if unknown:
-            raise ValueError(f"unknown policies {sorted(unknown)}; choose from {sorted(POLICIES)}")
+            raise ValueError(f"unknown memories {sorted(unknown)}; choose from {sorted(POLICIES)}")
         if min(self.turns, default=0) < 1 or self.trajectories < 1 or self.repeats < 1:
             raise ValueError("turns, trajectories and repeats must all be >= 1")
         if min(self.prompt_len, self.gen_len, self.info_len) < 1 or not 0 <= self.jitter < 1:
@@ -341,7 +341,7 @@ def run_trajectory_bench(
         flex_model = tiny_qwen2(cfg, "flex_attention")
         flex_model.load_state_dict(model.state_dict())
     rows = []
-    for policy in cfg.policies:
+    for policy in cfg.memories:
         for turns in cfg.turns:
             row = bench_one(cfg, model, flex_model, policy, turns)
             emit(row)

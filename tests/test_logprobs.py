@@ -372,7 +372,7 @@ def test_bench_trajectory_cli_and_its_baseline(tmp_path, capsys) -> None:
         assert got.shape == want.shape and torch.allclose(got, want, atol=TOL)
 
     out = tmp_path / "bench.jsonl"
-    argv = ["bench", "trajectory", "--turns", "3", "--policies", "mem1", "full"]
+    argv = ["bench", "trajectory", "--turns", "3", "--memories", "mem1", "full"]
     argv += ["--prompt-len", "12", "--gen-len", "5", "--info-len", "7", "--repeats", "1"]
     argv += ["--vocab-size", "100", "--hidden-size", "32", "--intermediate-size", "64"]
     argv += ["--clock", "cpu"]

@@ -31,7 +31,7 @@ class Bench:
 # repeated here, and importing torch only when the bench runs keeps `mem1 --help` fast).
 _TRAJECTORY_FLAGS: dict[str, tuple[type, str]] = {
     "turns": (int, "numbers of turns T (default 2 4 8 16)"),
-    "policies": (str, "memory policies: mem1 full truncate (default mem1 full)"),
+    "memories": (str, "memory policies: mem1 full truncate (default mem1 full)"),
     "trajectories": (int, "trajectories per batch B"),
     "prompt_len": (int, "mean prompt tokens"),
     "gen_len": (int, "mean generated tokens per turn"),
@@ -51,7 +51,18 @@ _TRAJECTORY_FLAGS: dict[str, tuple[type, str]] = {
         "wall (default) or cpu: process CPU time, steadier on a shared machine (with --threads 1)",
     ),
 }
-_MANY = {"turns", "policies"}
+_MANY = {"turns", "memories"}
+
+
+class _Renamed(argparse.Action):
+    """An option's old name: still read, with a deprecation message, for one release."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001
+        new = "--" + self.dest.replace("_", "-")
+        print(
+            f"{option_string} is now {new}; the old name goes in the next release", file=sys.stderr
+        )
+        setattr(namespace, self.dest, values)
 
 
 def load_benchmark(name: str) -> ModuleType:
@@ -76,6 +87,9 @@ def _trajectory_args(p: argparse.ArgumentParser) -> None:
     for name, (kind, help_) in _TRAJECTORY_FLAGS.items():
         flag = "--" + name.replace("_", "-")
         p.add_argument(flag, type=kind, nargs="+" if name in _MANY else None, help=help_)
+    p.add_argument(
+        "--policies", dest="memories", nargs="+", action=_Renamed, help=argparse.SUPPRESS
+    )
     p.add_argument("--no-flex", dest="flex", action="store_false", help="skip FlexAttention")
     p.add_argument("--out", default=None, help="also write the rows here as JSON lines")
 
