@@ -113,7 +113,9 @@ def main() -> None:
     model.eval()
 
     # sampled rollouts
-    backend = HFBackend(model, tok.pad_token_id, tok.eos_token_id, cfg.rollout.batch_size)
+    backend = HFBackend(
+        model, tok.pad_token_id, tok.eos_token_id, cfg.rollout.batch_size, tokenizer=tok
+    )
     t0 = time.perf_counter()
     rolled = rollout(tasks, backend, env, cfg.rollout, memory="mem1")
     sec = time.perf_counter() - t0

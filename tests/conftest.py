@@ -68,3 +68,89 @@ def small_tasks(small_world):
 
     table, _ = compose(world_questions(small_world.questions).table, 2, split="test")
     return tasks_from_table(table)
+
+
+# ---- a stand-in for a pretrained hub model (issue 15: its tags stay text) ------------------
+
+
+@pytest.fixture(scope="session")
+def hub_tokenizer(small_world, small_tasks):
+    """A byte-level BPE with Qwen2.5's pre-tokenizer (a few hundred merges) trained on the
+    world's text, the task prompts and some lines that use the tags, as web text would: the
+    tags end up as a few tokens each (`</`, `query`, `>` or `>.\n`), never one."""
+    from mem1_core.models.tokenizer import train_byte_level_tokenizer
+
+    titles = small_world.corpus["title"].to_pylist()[:60]
+    lines = [f"<IS> Q1: {t}. </IS><answer> {t}</answer>.\n" for t in titles[:30]]
+    lines += [f"<IS> Start. </IS><query> {t} </query>\n" for t in titles[30:]]
+    texts = small_world.corpus["contents"].to_pylist() + [t.prompt for t in small_tasks] + lines
+    return train_byte_level_tokenizer(texts, 800)
+
+
+@pytest.fixture(scope="session")
+def hub_model_config():
+    from mem1_core.config import ModelConfig
+
+    # head_dim 32: the smallest vLLM's CPU attention supports (tests/test_vllm_backend.py)
+    return ModelConfig(
+        hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128
+    )
+
+
+@pytest.fixture(scope="session")
+def hub_dir(hub_tokenizer, hub_model_config, tmp_path_factory):
+    """A Qwen2-architecture model built from config with the hub tokenizer's vocabulary, and
+    that tokenizer, saved with save_pretrained as a hub checkpoint is: the tokenizer's class is
+    the model family's (Qwen2Tokenizer), so it loads through AutoTokenizer."""
+    import json
+
+    from mem1_core.models.model import build_tiny_model
+
+    out = tmp_path_factory.mktemp("hub") / "qwen2-standin"
+    build_tiny_model(hub_model_config, hub_tokenizer).save_pretrained(out, safe_serialization=True)
+    hub_tokenizer.save_pretrained(out)
+    config = out / "tokenizer_config.json"
+    meta = json.loads(config.read_text())
+    config.write_text(json.dumps({**meta, "tokenizer_class": "Qwen2Tokenizer"}))
+    return out
+
+
+RECITED = (
+    # context, what the model writes after it (on past the closing tag, so that only a stop
+    # ends the turn there), the action and its text, what the closing tag's last token carries
+    ("Question 1: Who wrote it?\n", "<IS> Start. </IS><query> Kalo Vesh </query>\nQ2: and")
+    + ("query", "Kalo Vesh", "\n"),
+    ("Question 1: In what year?\n", "<IS> Q1: 1874. </IS><answer> 1874</answer>.\nQ2: more")
+    + ("answer", "1874", ".\n"),
+)
+
+
+@pytest.fixture(scope="session")
+def hub_reciter(hub_dir, hub_model_config):
+    """The hub stand-in trained until greedy decoding continues each context of RECITED with
+    its script: stops are then checked in real generation. -> (model, cases)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from mem1_core.models.model import load_model
+    from mem1_core.models.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(hub_dir)
+    enc = lambda t: tok.encode(t, add_special_tokens=False)  # noqa: E731
+    cases = [
+        SimpleNamespace(context=enc(c), script=enc(s), action=a, text=t, tail=tail)
+        for c, s, a, t, tail in RECITED
+    ]
+    torch.manual_seed(0)
+    model = load_model(hub_dir, hub_model_config, tok).train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for step in range(400):
+        c = cases[step % len(cases)]
+        logits = model(input_ids=torch.tensor([c.context + c.script])).logits[0]
+        target = torch.tensor(c.script)
+        loss = torch.nn.functional.cross_entropy(logits[len(c.context) - 1 : -1], target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval(), cases

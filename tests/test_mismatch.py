@@ -17,7 +17,7 @@ from mem1_core.trajectory.record import Action, Trajectory, Turn
 def make_trajectories(policy: str, n: int, seed: int) -> list[Trajectory]:
     rng = random.Random(seed)
     context_of = get_memory(policy)
-    opts = {"is_open_id": 7, "truncate_turns": 1}
+    opts = {"state_start": lambda ids: ids.index(7) if 7 in ids else 0, "truncate_turns": 1}
     trajs = []
     for i in range(n):
         traj = Trajectory(f"t{i}", policy, [rng.randrange(10, 50) for _ in range(5)], [["a"]])

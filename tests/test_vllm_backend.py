@@ -293,6 +293,79 @@ def test_weight_sync_crosses_the_engine_process(vllm, policy_dir, tmp_path):
     assert json.loads(line)["same"] == [True, True]
 
 
+TEXT_STOPS_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    from mem1_core.models.model import load_model
+    from mem1_core.config import ModelConfig
+    from mem1_core.models.tags import turn_text
+    from mem1_core.models.tokenizer import load_tokenizer
+    from mem1_core.rollout.env import STOP_TAGS
+    from mem1_core.rollout.generation import HFBackend, SamplingParams, StopStrings
+    from mem1_core.rollout.generation_vllm import VLLMBackend
+
+    def main():
+        path, engine, contexts = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+        tok = load_tokenizer(path)
+        model = load_model(path, ModelConfig(), tok)
+        backend = VLLMBackend.from_pretrained_dir(path, eos_id=tok.eos_token_id, tokenizer=tok, **engine)
+        hf = HFBackend(model, tok.pad_token_id, tok.eos_token_id, tokenizer=tok)
+        params = SamplingParams(40, (), 0.0, stop_strings=STOP_TAGS)
+        got, ref = backend.generate(contexts, params), hf.generate(contexts, params)
+        stop = StopStrings(tok, STOP_TAGS)
+        sampled = backend.generate(contexts * 8, SamplingParams(40, (), 1.0, stop_strings=STOP_TAGS),
+                                   torch.Generator().manual_seed(0))
+        print(json.dumps({
+            "same": [g.ids == r.ids for g, r in zip(got, ref)],
+            "finish": [g.finish for g in got],
+            "text": [turn_text(tok, g.ids) for g in got],
+            "dlogp": max(abs(a - b) for g, r in zip(got, ref) for a, b in zip(g.logprobs, r.logprobs)),
+            "sampled_stop_where_defined": all(
+                stop.index(g.ids) == (len(g.ids) if g.finish == "stop" else None) for g in sampled
+            ),
+            "sampled_stops": sum(g.finish == "stop" for g in sampled),
+        }))
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_text_tags_stop_on_strings_with_the_stop_text_kept(vllm, hub_reciter, hub_dir, tmp_path):
+    """Tags as text (issue 15): the engine loads the hub stand-in's tokenizer and stops on
+    `</query>` / `</answer>` with the stop text kept; the ids end with the token that completes
+    the tag (which carries `\\n` or `.\\n` on) exactly where Hugging Face generation stops.
+    Own process: a second engine beside the module's."""
+    import shutil
+
+    model, cases = hub_reciter
+    policy = tmp_path / "policy"
+    model.save_pretrained(policy, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(hub_dir / name, policy / name)
+    script = tmp_path / "text_stops.py"
+    script.write_text(TEXT_STOPS_SCRIPT)
+    contexts = json.dumps([c.context for c in cases])
+    out = subprocess.run(
+        [sys.executable, str(script), str(policy), json.dumps(ENGINE), contexts],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    [line] = [x for x in out.stdout.splitlines() if x.startswith('{"same"')]
+    got = json.loads(line)
+    print(got)
+    assert got["same"] == [True] * len(cases) and got["finish"] == ["stop"] * len(cases)
+    assert [t.rsplit(">", 1)[-1] for t in got["text"]] == [c.tail for c in cases]
+    assert got["dlogp"] <= LOGP_TOL
+    assert got["sampled_stop_where_defined"] and got["sampled_stops"] > 0
+
+
 # ---- (e) a rollout through the environment -------------------------------------------------
 
 

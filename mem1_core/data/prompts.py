@@ -7,7 +7,8 @@ docs/design.md §6).
 
 from __future__ import annotations
 
-# Tags the agent writes or reads. The tokenizer makes each one a single special token.
+# Tags the agent writes or reads: one special token each in the tiny tokenizer, plain text in
+# a pretrained one (mem1_core.models.tags).
 IS_OPEN, IS_CLOSE = "<IS>", "</IS>"
 QUERY_OPEN, QUERY_CLOSE = "<query>", "</query>"
 INFO_OPEN, INFO_CLOSE = "<info>", "</info>"

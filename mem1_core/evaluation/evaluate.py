@@ -42,7 +42,11 @@ def run_eval(
     progress: bool = False,
 ) -> tuple[list[Trajectory], float]:
     backend = backend or HFBackend(
-        model, tokenizer.pad_token_id, tokenizer.eos_token_id, max_batch=rollout_cfg.batch_size
+        model,
+        tokenizer.pad_token_id,
+        tokenizer.eos_token_id,
+        max_batch=rollout_cfg.batch_size,
+        tokenizer=tokenizer,
     )
     was_training = getattr(model, "training", False)
     if model is not None:

@@ -45,15 +45,24 @@ def build_tiny_model(cfg: ModelConfig, tokenizer) -> PreTrainedModel:
 
 
 def load_model(name_or_path: str | Path, cfg: ModelConfig, tokenizer=None) -> PreTrainedModel:
-    """A saved tiny model or any hub causal LM; embeddings grow to fit added tag tokens."""
+    """A saved tiny model or any hub causal LM, its embedding table as it was saved.
+
+    Nothing is resized: a hub tokenizer keeps MEM1's tags as text (mem1_core.models.tags), and
+    a policy directory holds the embeddings of its own tokenizer. A tokenizer with ids beyond
+    the table is not this model's (resizing would read those ids through random rows, as
+    `mem1 rollout --policy-dir` once did: docs/design.md §8), so it is an error."""
     model = AutoModelForCausalLM.from_pretrained(
         str(name_or_path),
         dtype=DTYPES[cfg.dtype],
         attn_implementation=cfg.attn,
         use_safetensors=True,
     )
-    if tokenizer is not None and model.get_input_embeddings().num_embeddings < len(tokenizer):
-        model.resize_token_embeddings(len(tokenizer))
+    rows = model.get_input_embeddings().num_embeddings
+    if tokenizer is not None and len(tokenizer) > rows:
+        raise ValueError(
+            f"the tokenizer has {len(tokenizer)} tokens but {name_or_path} has {rows} embedding "
+            "rows: load the tokenizer saved with this model (load_tokenizer on its directory)"
+        )
     return model.eval()
 
 

@@ -1,10 +1,15 @@
-"""Tokenizers: the `tiny` tokenizer trained locally, and hub tokenizers with MEM1's tags.
+"""Tokenizers: the `tiny` tokenizer trained locally, and hub tokenizers as they come.
 
 The tiny tokenizer is built so that copying is cheap (docs/design.md §7): the pre-tokenizer cuts
 capitalised words into the world's consonant-vowel syllables, so an unseen name is a few
 syllable tokens from a small inventory rather than an arbitrary BPE split, and every year
 1000-2099 is a single token. The eight tags are single special tokens, so the environment
 finds them in token ids without decoding (docs/design.md §4.1).
+
+A hub tokenizer gets no new tokens: its tags stay text (mem1_core.models.tags, docs/design.md
+§8), so the model's embedding table stays as it was trained. `train_byte_level_tokenizer` is a
+stand-in for one (Qwen2.5's byte-level BPE and pre-tokenizer, trained locally) for tests and
+checks that have no hub access.
 """
 
 from __future__ import annotations
@@ -81,7 +86,8 @@ def _chain(*iterables: Iterable[str]) -> Iterable[str]:
 
 
 def load_tokenizer(name_or_path: str | Path) -> PreTrainedTokenizerFast:
-    """A saved tiny tokenizer or any hub tokenizer; MEM1's tags are added as special tokens.
+    """A saved tiny tokenizer or any hub tokenizer, with no tokens added: a hub tokenizer's
+    tags stay text (issue 15: added tags land on Qwen2.5's never-trained embedding rows).
 
     A tiny tokenizer saved next to a Qwen2 model (a policy directory) must not go through
     AutoTokenizer: it picks the class from the model's config (Qwen2Tokenizer), which
@@ -94,18 +100,15 @@ def load_tokenizer(name_or_path: str | Path) -> PreTrainedTokenizerFast:
             tok = PreTrainedTokenizerFast.from_pretrained(str(name_or_path))
     if tok is None:
         tok = AutoTokenizer.from_pretrained(str(name_or_path))
-    add_tags(tok)
+    _pad_left(tok)
     return tok
 
 
-def add_tags(tok) -> int:
-    """Make each tag one special token (hub tokenizers); returns how many were new."""
-    missing = [t for t in TAGS if t not in tok.get_vocab()]
-    added = tok.add_special_tokens({"additional_special_tokens": missing}) if missing else 0
+def _pad_left(tok) -> None:
+    """Rollouts batch left-padded contexts; a tokenizer without a pad token pads with EOS."""
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
-    return added
 
 
 def tag_ids(tok) -> dict[str, int]:
@@ -117,3 +120,36 @@ def tag_ids(tok) -> dict[str, int]:
             raise ValueError(f"tag {t} is not a single token in this tokenizer: {enc}")
         ids[t] = enc[0]
     return ids
+
+
+# Qwen2.5's pre-tokenizer pattern (its tokenizer.json): letters with one leading non-letter,
+# single digits, punctuation runs with their newlines. So a tag is never one token: `</query>`
+# is `</`, `query`, `>` or `>.\n`-like pieces, as in the real tokenizer.
+QWEN2_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+HUB_EOS = "<|endoftext|>"
+
+
+def train_byte_level_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """A stand-in for a pretrained hub tokenizer: byte-level BPE with Qwen2.5's pre-tokenizer
+    and its `<|endoftext|>` (EOS and pad), trained on `texts`; MEM1's tags are not tokens of it."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[HUB_EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=HUB_EOS, pad_token=HUB_EOS)
+    fast.padding_side = "left"
+    return fast

@@ -1,10 +1,16 @@
 """The QA environment: reads a generated turn's ids, answers a `<query>` with an `<info>`
 block from the retriever, and scores an `<answer>`.
 
+The tags are read through the tokenizer's tag codec (mem1_core.models.tags): as special token
+ids (the tiny tokenizer) or in the decoded text of the ids (a hub tokenizer, tags as text).
+The rule below is the same for both; "a tag" is a token id or a substring accordingly.
+
 Model output is untrusted. One rule decides each turn, in this order:
 1. `length`: the turn hit its token budget without closing an action -> invalid.
 2. The turn must be `<IS> … </IS>` followed by exactly one action, `<query> … </query>` or
-   `<answer> … </answer>`, each tag once and in that order (text before `<IS>` is ignored).
+   `<answer> … </answer>`, each tag once and in that order (text before `<IS>` is ignored),
+   the closing tag completed by the turn's last token (under `text`, characters that token
+   carries after the tag are ignored).
    No tags, an unclosed tag, both actions, a repeated tag, or tags out of order -> invalid.
 3. An empty query -> invalid. (An empty answer is a valid answer that scores 0.)
 An invalid turn gets an `<info>` that says the format was invalid (plus the turns-left hint)
@@ -25,10 +31,11 @@ from mem1_core.data.prompts import (
     IS_OPEN,
     QUERY_CLOSE,
     QUERY_OPEN,
+    TAGS,
     turns_left_hint,
 )
 from mem1_core.evaluation.metrics import score_answer
-from mem1_core.models.tokenizer import tag_ids
+from mem1_core.models.tags import TagCodec, tag_codec
 from mem1_core.retrieval import Hit, Retriever
 from mem1_core.trajectory.record import Action
 
@@ -51,22 +58,27 @@ def format_passages(hits: list[Hit]) -> str:
     return "\n".join(f"Doc {i} (Title: {h.title}) {h.text}" for i, h in enumerate(hits, 1))
 
 
+STOP_TAGS = (QUERY_CLOSE, ANSWER_CLOSE)
+"""A turn ends with its action: generation stops once one of these is written."""
+
+
 class QAEnvironment:
-    def __init__(self, tokenizer, retriever: Retriever, topk: int):
+    def __init__(self, tokenizer, retriever: Retriever, topk: int, codec: TagCodec | None = None):
         self.tok = tokenizer
         self.retriever = retriever
         self.topk = topk
-        self.tags = tag_ids(tokenizer)
-        self.stop_ids = (self.tags[QUERY_CLOSE], self.tags[ANSWER_CLOSE])
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tok.decode(ids, skip_special_tokens=True).strip()
+        self.codec = codec or tag_codec(tokenizer)
+        self.stop_ids, self.stop_strings = self.codec.stops(STOP_TAGS)
 
     def parse(self, ids: list[int], finish: str) -> Parsed:
         if finish == "length":
             return Parsed(Action.INVALID, error="token budget exhausted")
-        t = self.tags
-        counts = {name: ids.count(t[name]) for name in t}
+        spans = self.codec.find(ids)
+        counts = {name: 0 for name in TAGS}
+        first = {}
+        for s in spans:
+            counts[s.tag] += 1
+            first.setdefault(s.tag, s)
         if counts[IS_OPEN] != 1 or counts[IS_CLOSE] != 1:
             return Parsed(Action.INVALID, error="needs exactly one <IS> … </IS>")
         q, a = counts[QUERY_OPEN] + counts[QUERY_CLOSE], counts[ANSWER_OPEN] + counts[ANSWER_CLOSE]
@@ -81,11 +93,11 @@ class QAEnvironment:
         )
         if counts[opener] != 1 or counts[closer] != 1:
             return Parsed(Action.INVALID, error=f"needs exactly one {opener} … {closer}")
-        i_open, i_close = ids.index(t[IS_OPEN]), ids.index(t[IS_CLOSE])
-        a_open, a_close = ids.index(t[opener]), ids.index(t[closer])
-        if not (i_open < i_close < a_open < a_close) or a_close != len(ids) - 1:
+        i_open, i_close, a_open, a_close = (first[t] for t in (IS_OPEN, IS_CLOSE, opener, closer))
+        in_order = i_open.start < i_close.start < a_open.start < a_close.start
+        if not in_order or a_close.last != len(ids) - 1:
             return Parsed(Action.INVALID, error="tags out of order")
-        text = self.decode(ids[a_open + 1 : a_close])
+        text = self.codec.between(ids, a_open, a_close)
         if action is Action.QUERY and not text:
             return Parsed(Action.INVALID, error="empty query")
         return Parsed(action, text=text)

@@ -9,6 +9,11 @@ The recorded log-prob of a token is its log-prob under the distribution it was s
 from: log_softmax(logits / temperature) when sampling (top-p only truncates which tokens may
 be drawn), log_softmax(logits) when greedy. The learner scores the masked trajectory at the
 same temperature (verl does the same), so PPO's ratio compares like with like.
+
+A turn stops on a token id (the tiny tokenizer's single-token tags, EOS) or on a string (a hub
+tokenizer's tags as text, mem1_core.models.tags): a row stops after the first token at which
+the decoded text of its generated ids contains a stop string (`StopStrings`). That token is
+kept whole, characters after the stop string included, so the ids stay exactly as sampled.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
+from mem1_core.models.tags import turn_text
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -30,6 +37,9 @@ class SamplingParams:
     temperature: float = 1.0
     """0 means greedy decoding."""
     top_p: float = 1.0
+    stop_strings: tuple[str, ...] = ()
+    """Generation of a row also ends after the token that completes one of these in the
+    decoded text of its generated ids (kept, with whatever else that token carries)."""
 
 
 @dataclass
@@ -63,16 +73,60 @@ def sample_next(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+class StopStrings:
+    """Where a row's generation ends on stop strings: after the first token n such that
+    turn_text(ids[:n]) contains one of `strings` (the definition; `index` computes it)."""
+
+    def __init__(self, tokenizer, strings: Sequence[str]):
+        if not strings or not all(strings):
+            raise ValueError("stop strings must be non-empty")
+        self.tok = tokenizer
+        self.strings = tuple(strings)
+        # Every token decodes to at least one byte, so a stop string of n bytes lies within its
+        # last n tokens; a few more cover a token that decodes to nothing at the start of a
+        # window (a Metaspace decoder drops a leading `▁`).
+        self.window = max(len(s.encode()) for s in self.strings) + 4
+
+    def hit(self, text: str) -> bool:
+        return any(s in text for s in self.strings)
+
+    def completes(self, ids: Sequence[int]) -> bool:
+        """Whether the last of `ids` completes a stop string, given that no earlier one did
+        (the check after each generated token): only the tail can hold it."""
+        return self.hit(turn_text(self.tok, ids[-self.window :]))
+
+    def index(self, ids: Sequence[int]) -> int | None:
+        """The n of the definition, None if `ids` hold no stop string (a binary search: a
+        prefix that contains one stays containing it as tokens are appended)."""
+        if not ids or not self.hit(turn_text(self.tok, ids)):
+            return None
+        lo, hi = 1, len(ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.hit(turn_text(self.tok, ids[:mid])):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+
 class HFBackend:
-    """Hugging Face causal LM with a KV cache; batches rows and prunes finished ones."""
+    """Hugging Face causal LM with a KV cache; batches rows and prunes finished ones.
+    `tokenizer` is needed for stop strings (it decodes the generated ids)."""
 
     def __init__(
-        self, model: torch.nn.Module, pad_id: int, eos_id: int | None = None, max_batch: int = 64
+        self,
+        model: torch.nn.Module,
+        pad_id: int,
+        eos_id: int | None = None,
+        max_batch: int = 64,
+        tokenizer=None,
     ):
         self.model = model
         self.pad_id = pad_id
         self.eos_id = eos_id
         self.max_batch = max_batch
+        self.tokenizer = tokenizer
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         self.model.load_state_dict(state)
@@ -96,6 +150,7 @@ class HFBackend:
             attn[b, Lc - len(c) :] = 1
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         stops = set(params.stop_ids) | ({self.eos_id} if self.eos_id is not None else set())
+        strings = self._stop_strings(params)
         cache = DynamicCache()
         logits = self.model(
             input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True
@@ -115,7 +170,7 @@ class HFBackend:
                 tok = int(nxt[j])
                 gen_ids[r].append(tok)
                 gen_lp[r].append(float(chosen[j]))
-                if tok in stops:
+                if tok in stops or (strings is not None and strings.completes(gen_ids[r])):
                     finish[r] = "stop"
                 else:
                     keep.append(j)
@@ -136,3 +191,10 @@ class HFBackend:
             ).logits[:, -1]
             next_pos = next_pos + 1
         return [Generation(gen_ids[b], gen_lp[b], finish[b]) for b in range(B)]
+
+    def _stop_strings(self, params: SamplingParams) -> StopStrings | None:
+        if not params.stop_strings:
+            return None
+        if self.tokenizer is None:
+            raise ValueError("stop strings need the tokenizer: HFBackend(..., tokenizer=tok)")
+        return StopStrings(self.tokenizer, params.stop_strings)

@@ -1,8 +1,19 @@
 """The vLLM generation backend: `vllm.LLM` behind `GenerationBackend` (docs/design.md §4.5).
 
-Token in, token out (docs/design.md §4.1): contexts go in as `TokensPrompt`s, the engine never
-loads a tokenizer (`skip_tokenizer_init`), outputs are not detokenized, and the ids come
-back as generated, the stop token included. Prefix caching is on: the turns of a group of
+Token in, token out (docs/design.md §4.1): contexts go in as `TokensPrompt`s and the ids come
+back as generated, the stop token included. With single-token tags (the tiny tokenizer) the
+engine never loads a tokenizer (`skip_tokenizer_init`) and outputs are not detokenized.
+
+Tags as text (a hub tokenizer, mem1_core.models.tags) stop on strings. vLLM checks stop strings
+on its detokenized output only (`stop` needs `detokenize=True`; with no tokenizer in the engine
+they never fire), so then the engine loads the policy directory's tokenizer, and requests set
+`stop`, `include_stop_str_in_output=True` and `skip_special_tokens=False`. That option only
+concerns the output text: vLLM's token ids always end with the token that completed the stop
+string, whatever else it carries. vLLM has no stop on token sequences (`stop_token_ids` takes
+single ids), and a tag has many tokenisations anyway. The ids are then cut at our own
+definition of the stop (`StopStrings.index`, as the Hugging Face backend stops): a no-op when
+vLLM stopped where we would, and a guard where it emits several tokens a step (speculative
+decoding) or detokenizes a corner differently. Prefix caching is on: the turns of a group of
 trajectories share the task prompt, and a full-context agent's turns share their history.
 
 Log-probs follow mem1_core.rollout.generation's convention — log_softmax(logits / T) of the chosen
@@ -39,7 +50,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mem1_core.rollout.generation import Generation, SamplingParams
+from mem1_core.rollout.generation import Generation, SamplingParams, StopStrings
 
 INSTALL_HINT = (
     "vLLM is not installed in this environment. It needs a venv of its own (it pins fastapi "
@@ -94,17 +105,25 @@ class WeightSyncExtension:
 class VLLMBackend:
     """A `vllm.LLM` engine that generates from token-id contexts and records log-probs."""
 
-    def __init__(self, llm: Any, eos_id: int | None = None):
-        """`llm`: a `vllm.LLM` built with skip_tokenizer_init=True and
-        logprobs_mode="processed_logprobs" (use `from_pretrained_dir`)."""
-        mode = getattr(llm.llm_engine.model_config, "logprobs_mode", None)
+    def __init__(self, llm: Any, eos_id: int | None = None, tokenizer: Any = None):
+        """`llm`: a `vllm.LLM` built with logprobs_mode="processed_logprobs" and, unless
+        `tokenizer` is given, skip_tokenizer_init=True (use `from_pretrained_dir`).
+        `tokenizer`: ours, for stop strings; the engine must hold the same one."""
+        model_config = llm.llm_engine.model_config
+        mode = getattr(model_config, "logprobs_mode", None)
         if mode != LOGPROBS_MODE:
             raise ValueError(
                 f"the vllm.LLM reports {mode!r} log-probs; build it with "
                 f"logprobs_mode={LOGPROBS_MODE!r} (VLLMBackend.from_pretrained_dir does)"
             )
+        if tokenizer is not None and getattr(model_config, "skip_tokenizer_init", False):
+            raise ValueError(
+                "stop strings need a tokenizer in the engine: build the vllm.LLM without "
+                "skip_tokenizer_init (VLLMBackend.from_pretrained_dir(path, tokenizer=tok) does)"
+            )
         self.llm = llm
         self.eos_id = eos_id
+        self.tokenizer = tokenizer
 
     @classmethod
     def from_pretrained_dir(
@@ -112,6 +131,7 @@ class VLLMBackend:
         path: str | Path,
         *,
         eos_id: int | None = None,
+        tokenizer: Any = None,
         dtype: str = "auto",
         seed: int = 0,
         max_model_len: int | None = None,
@@ -126,11 +146,14 @@ class VLLMBackend:
         to a learner on the same GPU); on the CPU backend it is the fraction of host memory,
         unless `kv_cache_memory_bytes` sizes the cache (on CPU, vLLM's VLLM_CPU_KVCACHE_SPACE,
         in GiB, overrides both).
+        tokenizer: ours, given when turns stop on strings (tags as text): the engine then
+        loads the tokenizer saved in `path` to detokenize, and nothing else changes.
         Extra keyword arguments go to `vllm.LLM` (tensor_parallel_size, ...)."""
         vllm = _vllm()
         llm = vllm.LLM(
             model=str(path),
-            skip_tokenizer_init=True,  # ids in, ids out: no tokenizer in the engine
+            # ids in, ids out; a tokenizer only to find stop strings in the output text
+            skip_tokenizer_init=tokenizer is None,
             dtype=dtype,
             seed=seed,
             max_model_len=max_model_len,
@@ -144,7 +167,7 @@ class VLLMBackend:
             kv_cache_memory_bytes=kv_cache_memory_bytes,
             **llm_kwargs,
         )
-        return cls(llm, eos_id=eos_id)
+        return cls(llm, eos_id=eos_id, tokenizer=tokenizer)
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         """Push Hugging Face-named weights (the learner's `state_dict()`) into the engine."""
@@ -164,6 +187,12 @@ class VLLMBackend:
                 "log_softmax(logits / T) (see mem1_core.rollout.generation_vllm)",
                 stacklevel=3,
             )
+        strings = list(params.stop_strings)
+        if strings and self.tokenizer is None:
+            raise ValueError(
+                "stop strings need the tokenizer: VLLMBackend.from_pretrained_dir(path, "
+                "tokenizer=tok)"
+            )
         return vllm.SamplingParams(
             n=1,
             temperature=0.0 if greedy else params.temperature,
@@ -173,7 +202,12 @@ class VLLMBackend:
             stop_token_ids=sorted(stops),
             ignore_eos=True,  # the engine's own EOS notion is off; `stops` holds ours
             logprobs=0,  # 0: only the chosen token's log-prob
-            detokenize=False,
+            # Stop strings are matched in the detokenized text, so only they need it; the
+            # text keeps the stop string and special tokens, as turn_text reads the ids.
+            stop=strings or None,
+            include_stop_str_in_output=True,
+            skip_special_tokens=False,
+            detokenize=bool(strings),
             seed=None if greedy else seed,
         )
 
@@ -199,15 +233,21 @@ class VLLMBackend:
         prompts = [vllm.TokensPrompt(prompt_token_ids=[int(t) for t in c]) for c in contexts]
         sps = [self.sampling_params(params, s) for s in seeds]
         outs = self.llm.generate(prompts, sps, use_tqdm=False)
-        return [_to_generation(o.outputs[0]) for o in outs]
+        strings = StopStrings(self.tokenizer, params.stop_strings) if params.stop_strings else None
+        return [_to_generation(o.outputs[0], strings) for o in outs]
 
 
-def _to_generation(out: Any) -> Generation:
-    """A vLLM CompletionOutput -> Generation; the stop token stays in the ids."""
+def _to_generation(out: Any, strings: StopStrings | None = None) -> Generation:
+    """A vLLM CompletionOutput -> Generation; the stop token stays in the ids. With stop
+    strings, the ids end at the token that completes the first one (`StopStrings.index`)."""
     ids = [int(t) for t in out.token_ids]
     if out.logprobs is None or len(out.logprobs) != len(ids):
         raise RuntimeError("vLLM returned no log-prob for some generated token")
     lps = [float(step[t].logprob) for step, t in zip(out.logprobs, ids, strict=True)]
     if out.finish_reason not in ("stop", "length"):
         raise RuntimeError(f"unexpected vLLM finish reason {out.finish_reason!r}")
-    return Generation(ids, lps, out.finish_reason)
+    finish = out.finish_reason
+    n = strings.index(ids) if strings is not None else None
+    if n is not None:
+        ids, lps, finish = ids[:n], lps[:n], "stop"
+    return Generation(ids, lps, finish)

@@ -17,7 +17,6 @@ import torch
 from tqdm.auto import tqdm
 
 from mem1_core.config import RolloutConfig
-from mem1_core.data.prompts import IS_OPEN
 from mem1_core.rollout.env import FORMAT_HINT, QAEnvironment, format_passages
 from mem1_core.rollout.generation import GenerationBackend, SamplingParams
 from mem1_core.rollout.memory import get_memory
@@ -60,7 +59,7 @@ def rollout(
     `samples_per_task` per task (a GRPO group), in task order."""
     memory = memory or cfg.memory
     context_of = get_memory(memory)
-    opts = {"is_open_id": env.tags[IS_OPEN], "truncate_turns": cfg.truncate_turns}
+    opts = {"state_start": env.codec.state_start, "truncate_turns": cfg.truncate_turns}
     trajs: list[Trajectory] = []
     for g, task in enumerate(tasks):
         prompt_ids = env.encode(task.prompt)
@@ -93,7 +92,9 @@ def rollout(
                 [t for r in rs for t in trajs[i].segment_ids(r)]
                 for i, rs in zip(idx, refs, strict=True)
             ]
-            params = SamplingParams(budget, env.stop_ids, temperature, cfg.top_p)
+            params = SamplingParams(
+                budget, env.stop_ids, temperature, cfg.top_p, stop_strings=env.stop_strings
+            )
             t0 = time.perf_counter()
             if getattr(backend, "reads_trajectories", False):  # the scripted teacher
                 gens = backend.generate(

@@ -8,7 +8,9 @@ One signature, three policies over the same rollout, trainer and evaluation (doc
 
 MEM1 carries an exact slice of the last turn's generated ids, from its `<IS>` tag to the end
 of the turn (anything the model wrote before `<IS>` is dropped). A turn that has no `<IS>` is
-carried whole, so the model sees its own malformed output next to the format hint.
+carried whole, so the model sees its own malformed output next to the format hint. Where
+`<IS>` starts is the tag codec's answer (`opts["state_start"]`, mem1_core.models.tags): with
+tags as text the slice starts at the token holding its `<`, whatever that token carries before.
 """
 
 from __future__ import annotations
@@ -29,9 +31,7 @@ def mem1_context(traj: Trajectory, opts: dict) -> list[SegmentRef]:
     if not traj.turns:
         return ctx
     t = len(traj.turns) - 1
-    gen = traj.turns[t].gen_ids
-    is_open = opts["is_open_id"]
-    start = gen.index(is_open) if is_open in gen else 0
+    start = opts["state_start"](traj.turns[t].gen_ids)
     return ctx + [SegmentRef(SegmentKind.GEN, t, start, None), SegmentRef(SegmentKind.INFO, t)]
 
 

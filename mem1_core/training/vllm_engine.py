@@ -21,6 +21,7 @@ from typing import Any
 
 from mem1_core.config import Config
 from mem1_core.models.model import save_model
+from mem1_core.models.tags import tag_scheme
 from mem1_core.runs.assets import initial_policy
 from mem1_core.runs.layout import RunPaths
 
@@ -91,6 +92,8 @@ def vllm_backend(cfg: Config, paths: RunPaths, tokenizer: Any, init: Path | None
     return VLLMBackend.from_pretrained_dir(
         vllm_model_dir(cfg, paths, tokenizer, init),
         eos_id=tokenizer.eos_token_id,
+        # tags as text stop on strings, which vLLM finds only with a tokenizer in the engine
+        tokenizer=tokenizer if tag_scheme(tokenizer) == "text" else None,
         dtype=cfg.model.dtype,
         seed=cfg.model.seed,
         gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,

@@ -51,7 +51,7 @@ class RolloutWorker:
             # and a growing length every step) runs sdpa, which computes the same function.
             use_attention(model, Attn.SDPA if cfg.model.attn == Attn.FLEX else None)
             self.backend = HFBackend(
-                model, tok.pad_token_id, tok.eos_token_id, cfg.rollout.batch_size
+                model, tok.pad_token_id, tok.eos_token_id, cfg.rollout.batch_size, tokenizer=tok
             )
         if retriever is not None:
             from mem1_core.retrieval.ray_actor import RayRetriever

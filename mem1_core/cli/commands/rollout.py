@@ -78,7 +78,9 @@ def cmd_rollout(args: argparse.Namespace) -> int:
             f"N={args.objectives} in {paths.task_file(args.split, args.objectives)}"
             + ("" if args.split == "test" else " (data.max_train_tasks caps it)")
         )
-    backend = HFBackend(model, tok.pad_token_id, tok.eos_token_id, cfg.rollout.batch_size)
+    backend = HFBackend(
+        model, tok.pad_token_id, tok.eos_token_id, cfg.rollout.batch_size, tokenizer=tok
+    )
     import time
 
     t0 = time.perf_counter()
