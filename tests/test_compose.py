@@ -139,6 +139,77 @@ def test_hotpotqa_context_exports_as_corpus(tmp_path):
     }
 
 
+# HotpotQA's original files (hotpot_train_v1.1.json, hotpot_dev_distractor_v1.json): `_id`,
+# and lists that mix types, which Arrow (datasets.Dataset.from_list) could not type.
+ORIGINAL_ROWS = [
+    {
+        "_id": f"5a7a{i:020x}",
+        "question": f"Who built tower {i}?",
+        "answer": f"Builder {i}",
+        "supporting_facts": [[f"Tower {i}", 0], [f"Builder {i}", 1]],
+        "context": [
+            [f"Tower {i}", [f"Tower {i} stands in Nisk.", f" It was built by Builder {i}."]],
+            [f"Builder {i}", [f"Builder {i} was a mason.", " He lived in Nisk."]],
+        ],
+        "type": "bridge",
+        "level": "easy",
+    }
+    for i in range(3)
+]
+
+
+@pytest.mark.parametrize("suffix", [".json", ".jsonl"])
+def test_hotpotqa_original_files_load_and_export(tmp_path, suffix):
+    from mem1_core.data.qa_data import hotpotqa_corpus
+
+    path = tmp_path / f"hotpot{suffix}"
+    if suffix == ".json":
+        path.write_text(json.dumps(ORIGINAL_ROWS))
+    else:
+        _jsonl(path, ORIGINAL_ROWS)
+    rows = load_hotpotqa(str(path)).table.to_pylist()
+    assert [r["id"] for r in rows] == [r["_id"] for r in ORIGINAL_ROWS]
+    assert rows[1]["supporting_titles"] == ["Tower 1", "Builder 1"]
+    assert rows[1]["golden_answers"] == ["Builder 1"]
+    corpus = hotpotqa_corpus([str(path), str(_jsonl(tmp_path / "more.jsonl", HOTPOT_ROWS))])
+    titles = corpus["title"].to_pylist()
+    assert titles[:2] == ["Tower 0", "Builder 0"] and len(titles) == 6 + 10
+    assert corpus["contents"][0].as_py() == "Tower 0 stands in Nisk. It was built by Builder 0."
+
+
+def test_a_hub_snapshot_directory_is_read_by_config_and_split(tmp_path, monkeypatch):
+    """A dataset repository downloaded for a cluster without hub access (`hf download
+    hotpotqa/hotpot_qa --repo-type dataset --local-dir DIR`) reads as the hub's."""
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    snap = tmp_path / "hotpot_qa"
+    (snap / "distractor").mkdir(parents=True)
+    (snap / "README.md").write_text(
+        "---\nconfigs:\n- config_name: distractor\n  data_files:\n"
+        "  - split: train\n    path: distractor/train-*\n"
+        "  - split: validation\n    path: distractor/validation-*\n---\n"
+    )
+    for split, rows in (("train", HOTPOT_ROWS[:3]), ("validation", HOTPOT_ROWS[3:])):
+        pq.write_table(pa.Table.from_pylist(rows), snap / "distractor" / f"{split}-0.parquet")
+    train = load_hotpotqa(str(snap), "distractor", "train").table
+    test = load_hotpotqa(str(snap), "distractor", "validation").table
+    assert train["id"].to_pylist() == ["h0", "h1", "h2"] and test["id"].to_pylist() == ["h3", "h4"]
+
+
+def test_a_question_file_needs_a_held_out_file(tmp_path):
+    from mem1_core.config import DataConfig
+
+    with pytest.raises(ValueError, match="set data.nq_test"):
+        DataConfig(source="hotpotqa+nq", nq="/data/nq/train.jsonl")
+    DataConfig(source="hotpotqa", nq="/data/nq/train.jsonl")  # NQ unused: no check
+    cfg = DataConfig(source="nq", nq="/data/nq/train.jsonl", nq_test="/data/nq/test.jsonl")
+    assert cfg.question_source("nq", "train") == ("/data/nq/train.jsonl", "train")
+    assert cfg.question_source("nq", "test") == ("/data/nq/test.jsonl", "validation")
+    hub = DataConfig(source="hotpotqa+nq")  # hub names (or snapshots): their splits
+    assert hub.question_source("hotpotqa", "test") == ("hotpotqa/hotpot_qa", "validation")
+
+
 def test_cli_compose_nq_writes_the_schema(tmp_path, capsys):
     src = _jsonl(tmp_path / "nq.jsonl", NQ_ROWS)
     out = tmp_path / "t.parquet"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 MEMORIES = ("mem1", "full", "truncate")
@@ -51,10 +52,20 @@ class DataConfig(Section):
     source: str = "world"
     """`world` (embedded), `hotpotqa`, `nq`, or `hotpotqa+nq` (the paper's mix)."""
     hotpotqa: str = "hotpotqa/hotpot_qa"
-    """Hub dataset name or a local .json/.jsonl/.parquet file in HotpotQA's row format."""
+    """The training questions: a hub dataset name (its `train` split), a local snapshot
+    directory of one (same), or a local .json/.jsonl/.parquet file in HotpotQA's row format
+    (e.g. `hotpot_train_v1.1.json`)."""
+    hotpotqa_test: str | None = None
+    """The test questions, in the same forms (a hub name or directory: its `validation`
+    split). None: the `validation` split of `hotpotqa`; required when `hotpotqa` is a file,
+    which has no splits."""
     hotpotqa_config: str = "distractor"
     nq: str = "nq_open"
-    """Hub dataset name (`nq_open`) or a local file in FlashRAG's row format."""
+    """The training questions: a hub dataset name (`nq_open`; its `train` split), a local
+    snapshot directory of one, or a local file in FlashRAG's row format (`train.jsonl`)."""
+    nq_test: str | None = None
+    """The test questions (FlashRAG's `test.jsonl`, ...). None: the `validation` split of
+    `nq`; required when `nq` is a file."""
     train_objectives: int = 2
     """N of the training tasks (the paper trains on 2-objective tasks)."""
     eval_objectives: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -81,6 +92,32 @@ class DataConfig(Section):
             raise ValueError(f"data.mode={self.mode!r}: use per_source or mixed")
         if self.train_objectives < 1 or any(n < 1 for n in self.eval_objectives):
             raise ValueError("objective counts must be >= 1")
+        for name in ("hotpotqa", "nq"):
+            # a file has no splits: the test tasks would be composed from training questions
+            if name in self.source and is_row_file(getattr(self, name)):
+                if getattr(self, f"{name}_test") is None:
+                    raise ValueError(
+                        f"data.{name}={getattr(self, name)!r} is a file of training questions: "
+                        f"set data.{name}_test to the held-out file (docs/paper-profile.md)"
+                    )
+
+    def question_source(self, dataset: str, split: str) -> tuple[str, str]:
+        """Where the questions of `dataset` (`hotpotqa` or `nq`) for the run's `split`
+        (`train` or `test`) come from: (source, the hub split to read there)."""
+        if split == "train":
+            return getattr(self, dataset), "train"
+        return getattr(self, f"{dataset}_test") or getattr(self, dataset), "validation"
+
+
+ROW_FILE_SUFFIXES = (".json", ".jsonl", ".parquet")
+
+
+def is_row_file(source: str) -> bool:
+    """Whether a question source names a file of rows (read whole, without splits: the
+    loaders of mem1_core.data.qa_data), not a hub dataset or a snapshot directory of one
+    (read by config and split)."""
+    path = Path(source)
+    return path.suffix in ROW_FILE_SUFFIXES or path.is_file()
 
 
 @dataclass(frozen=True)

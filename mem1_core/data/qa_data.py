@@ -1,9 +1,13 @@
 """Question-answering datasets, normalised to one schema.
 
 Sources: the embedded world (`mem1_core.data.world`), HotpotQA (hub `hotpotqa/hotpot_qa`,
-distractor / fullwiki, or local JSON / JSON Lines / Parquet in its row format) and Natural
-Questions (FlashRAG rows `id, question, golden_answers`, or hub `nq_open` rows
-`question, answer`). All become `QUESTIONS_SCHEMA`:
+distractor / fullwiki, or local JSON / JSON Lines / Parquet in its row format: the original
+files' `_id`, `[[title, sent_id], ...]` / `[[title, [sentences]], ...]` or the hub's
+`id` and `{"title": [...], ...}` columns) and Natural Questions (FlashRAG rows
+`id, question, golden_answers`, or hub `nq_open` rows `question, answer`). A source is a
+row file (`.json`, `.jsonl`, `.parquet`), a local directory holding a hub dataset's snapshot (read as
+the hub's, by config and split: clusters without hub access), or a hub name. All become
+`QUESTIONS_SCHEMA`:
 `id, source, question, golden_answers, supporting_titles` (+ `hops`, `plan`, `split` where the
 source knows them). Rows with an empty question or no answer are skipped and counted.
 """
@@ -11,12 +15,15 @@ source knows them). Rows with an empty question or no answer are skipped and cou
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from mem1_core.config.sections import is_row_file
 
 if TYPE_CHECKING:
     import datasets
@@ -73,21 +80,26 @@ def read_json_rows(path: Path) -> list[dict[str, Any]]:
 
 def load_rows(
     source: str, *, config: str | None = None, split: str = "validation"
-) -> datasets.Dataset:
-    """A local .json/.jsonl/.parquet file, or a hub dataset `name` (+ `config`, `split`)."""
-    import datasets  # heavy (~5 s): only where rows are loaded
-
+) -> list[dict[str, Any]] | datasets.Dataset:
+    """A local .json/.jsonl/.parquet file (its rows as dicts), or a hub dataset `name` or a
+    local snapshot directory of one (+ `config`, `split`)."""
     path = Path(source)
-    if path.suffix in (".json", ".jsonl") or path.exists():
+    if is_row_file(source):
         if not path.exists():
             raise FileNotFoundError(f"no such file: {path}")
-        if path.suffix == ".parquet":
-            return datasets.Dataset(pq.read_table(path))
-        rows = read_json_rows(path)
+        # JSON rows stay plain dicts: Arrow (datasets.Dataset.from_list) wants one type per
+        # list, and HotpotQA's original files mix them ([title, sent_id], [title, [sentences]]).
+        rows = (
+            pq.read_table(path).to_pylist() if path.suffix == ".parquet" else read_json_rows(path)
+        )
         if not rows:
             raise ValueError(f"{path}: the input is empty")
-        return datasets.Dataset.from_list(rows)
-    # Hub: real loading code, exercised where the hub is reachable (never in tests).
+        return rows
+    import datasets  # heavy (~5 s): only where rows are loaded
+
+    # A hub name, or a local directory laid out as the hub's repository (its README's
+    # configs map config and split to files). Hub names are exercised only where the hub
+    # is reachable (never in tests).
     return datasets.load_dataset(source, config, split=split)
 
 
@@ -185,25 +197,31 @@ def load_questions(fmt: str, source: str, **kw: Any) -> Loaded:
     raise ValueError(f"unknown format {fmt!r}; choose one of {FORMATS}")
 
 
-def hotpotqa_corpus(source: str, config: str = "distractor", split: str = "validation") -> pa.Table:
-    """HotpotQA context paragraphs as a retrieval corpus (`doc_id, title, contents`),
-    one document per distinct title, in first-seen order."""
+def hotpotqa_corpus(
+    sources: str | Sequence[str], config: str = "distractor", split: str = "validation"
+) -> pa.Table:
+    """HotpotQA context paragraphs of one or more sources (e.g. the train and dev files, so
+    that training questions find their paragraphs too) as a retrieval corpus
+    (`doc_id, title, contents`), one document per distinct title, in first-seen order."""
     from mem1_core.data.world import CORPUS_SCHEMA
 
+    sources = [sources] if isinstance(sources, str) else list(sources)
     seen: dict[str, str] = {}
-    for row in load_rows(source, config=config, split=split):
-        ctx = row.get("context") or {}
-        pairs = (
-            zip(ctx.get("title", []), ctx.get("sentences", []), strict=False)
-            if isinstance(ctx, dict)
-            else ctx
-        )
-        for title, sentences in pairs:
-            text = "".join(sentences).strip()
-            if title and text and title not in seen:
-                seen[title] = text
+    for source in sources:
+        for row in load_rows(source, config=config, split=split):
+            ctx = row.get("context") or {}
+            pairs = (
+                zip(ctx.get("title", []), ctx.get("sentences", []), strict=False)
+                if isinstance(ctx, dict)
+                else ctx
+            )
+            for title, sentences in pairs:
+                # HotpotQA's sentences carry their own leading spaces: joined as they are
+                text = "".join(sentences).strip()
+                if title and text and title not in seen:
+                    seen[title] = text
     if not seen:
-        raise ValueError(f"{source}: no context paragraphs found")
+        raise ValueError(f"{', '.join(sources)}: no context paragraphs found")
     return pa.table(
         {
             "doc_id": [f"hp{i:07d}" for i in range(len(seen))],

@@ -41,7 +41,8 @@ def corpus_path(cfg: Config, paths: RunPaths) -> Path:
 
 
 def ensure_tasks(cfg: Config, paths: RunPaths, split: str, n: int) -> Path:
-    """The composed N-objective tasks of `split` (world: train/test by entity)."""
+    """The composed N-objective tasks of `split` (world: train/test by entity; QA data: the
+    sources of DataConfig.question_source)."""
     out = paths.task_file(split, n)
     cap = cfg.data.max_train_tasks if split == "train" else cfg.data.eval_tasks(n)
     # A file composed under a smaller cap is composed again: composition is deterministic
@@ -56,15 +57,10 @@ def ensure_tasks(cfg: Config, paths: RunPaths, split: str, n: int) -> Path:
 
         tables = []
         if "hotpotqa" in cfg.data.source:
-            tables.append(
-                load_hotpotqa(
-                    cfg.data.hotpotqa,
-                    cfg.data.hotpotqa_config,
-                    "train" if split == "train" else "validation",
-                ).table
-            )
+            source, hub_split = cfg.data.question_source("hotpotqa", split)
+            tables.append(load_hotpotqa(source, cfg.data.hotpotqa_config, hub_split).table)
         if "nq" in cfg.data.source:
-            tables.append(load_nq(cfg.data.nq, "train" if split == "train" else "validation").table)
+            tables.append(load_nq(*cfg.data.question_source("nq", split)).table)
         questions = Loaded(pa.concat_tables(tables))
         use_split = None
     table, _ = compose(

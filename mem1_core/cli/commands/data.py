@@ -52,7 +52,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_compose)
 
     p = sub.add_parser("export-corpus", help="HotpotQA context paragraphs -> corpus Parquet")
-    p.add_argument("--input", required=True, help="HotpotQA file or hub dataset name")
+    p.add_argument(
+        "--input",
+        required=True,
+        action="append",
+        help="HotpotQA file, snapshot directory or hub dataset name (repeatable: e.g. the "
+        "train and dev files, one corpus)",
+    )
     p.add_argument("--hub-config", default="distractor")
     p.add_argument("--hub-split", default="validation")
     p.add_argument("--out", required=True, help="output corpus .parquet")
