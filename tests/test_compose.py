@@ -61,11 +61,13 @@ def test_per_source_groups_consecutive_questions_of_one_source():
     rows = tasks.to_pylist()
     assert [r["question_ids"] for r in rows] == [
         ["a0", "a1", "a2"],
+        ["b0", "b1", "b2"],  # the sources in turn: a cap keeps the mix
         ["a3", "a4", "a5"],
-        ["b0", "b1", "b2"],
     ]
     assert summary.leftover_dropped == 1 + 2 and summary.tasks == 3
     assert all(len(set(r["sources"])) == 1 for r in rows)
+    capped, _ = compose(table, 1, "per_source", max_tasks=4)
+    assert [r["question_ids"] for r in capped.to_pylist()] == [["a0"], ["b0"], ["a1"], ["b1"]]
 
 
 def test_mixed_is_a_seeded_shuffle_across_sources():

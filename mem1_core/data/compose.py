@@ -4,12 +4,14 @@ whose answer is `a1; a2; …; aN`.
 Grouping modes:
 - `per_source`: consecutive questions of one source, as the paper (its multi-objective sets
   join consecutive questions of one dataset); `shuffle=True` shuffles within each source first.
+  The tasks of the sources alternate (one of each source in turn), so a cap keeps the mix.
 - `mixed`: a seeded shuffle across sources, then consecutive chunks.
 Leftovers that do not fill a task are dropped and counted.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from dataclasses import dataclass, field
@@ -20,7 +22,8 @@ import pyarrow as pa
 from mem1_core.data.prompts import task_prompt
 from mem1_core.runs import atomic
 
-COMPOSER_VERSION = "compose-1"
+COMPOSER_VERSION = "compose-2"
+"""Written into every task file; compose-2: per_source tasks alternate between sources."""
 MODES = ("per_source", "mixed")
 
 TASKS_SCHEMA = pa.schema(
@@ -91,12 +94,18 @@ def compose(
         by_source: dict[str, list[dict]] = {}
         for r in rows:
             by_source.setdefault(r["source"], []).append(r)
+        per_source: list[list[list[dict]]] = []
         for src_rows in by_source.values():
             if shuffle:
                 rng.shuffle(src_rows)
             full = len(src_rows) // n_objectives * n_objectives
             summary.leftover_dropped += len(src_rows) - full
-            groups += [src_rows[i : i + n_objectives] for i in range(0, full, n_objectives)]
+            per_source.append(
+                [src_rows[i : i + n_objectives] for i in range(0, full, n_objectives)]
+            )
+        # Tasks of the sources in turn, so that `max_tasks` keeps the mix: source after source,
+        # the paper profile's 128 test tasks per N were all HotpotQA's (issue 15).
+        groups = [g for turn in itertools.zip_longest(*per_source) for g in turn if g is not None]
     else:
         rng.shuffle(rows)
         full = len(rows) // n_objectives * n_objectives
