@@ -1,6 +1,7 @@
 """Flow `build-index`: the retrieval index of a profile's corpus, cached on the corpus
 fingerprint (a rerun over an unchanged corpus reuses the index), published as a table
-artifact (documents, build time, index size)."""
+artifact (documents, build time, index size). A prebuilt `retrieval.index` is reported as
+it is; with `retrieval.url` there is nothing to build."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from flows.common import build_config, publish_table, run_dir, stage_run_name
 from mem1_core.config import Config
 from mem1_core.retrieval import ensure_index, read_manifest
 from mem1_core.retrieval.index import index_size_bytes
-from mem1_core.runs.assets import index_options
+from mem1_core.runs.assets import index_options, prebuilt_index
 
 
 @task(name="corpus", cache_policy=None)
@@ -31,6 +32,10 @@ def corpus_path(cfg: Config, out: Path) -> Path:
 @task(name="build-index", cache_policy=None)
 def build_or_reuse(corpus: Path, kind: str, root: Path, options: dict[str, Any]) -> dict[str, Any]:
     index_dir, built = ensure_index(corpus, kind, root, show_progress=False, **options)
+    return describe(index_dir, built)
+
+
+def describe(index_dir: Path, built: bool) -> dict[str, Any]:
     m = read_manifest(index_dir)
     return {
         "index": str(index_dir),
@@ -57,6 +62,13 @@ def build_index_flow(
     (the pipeline's run directory) everything goes there, in the run layout of
     mem1_core.runs.assets; else under `runs_root/index-<profile>`."""
     cfg = build_config(profile, config_path, overrides)
+    if cfg.retrieval.url is not None:
+        print(f"retrieval served at {cfg.retrieval.url}: no index to build")
+        return {"url": cfg.retrieval.url, "kind": cfg.retrieval.kind}
+    if cfg.retrieval.index is not None:  # prebuilt (`mem1 index`): used as it is
+        result = describe(prebuilt_index(cfg), built=False)
+        print(f"prebuilt {result['kind']} index {result['index']}")
+        return result
     out = Path(out_dir) if out_dir else run_dir(runs_root, f"index-{profile}")
     corpus = corpus_path(cfg, out)
     root = Path(index_root) if index_root else out / "indexes"

@@ -4,6 +4,7 @@ once, then reuses the index while the corpus fingerprint is unchanged."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +45,25 @@ def test_build_index_flow_builds_then_reuses(tmp_path):
     assert again["cached"] and again["index"] == first["index"]
     hits = load_index(first["index"]).search(["Where was anyone born?"], 1)
     assert len(hits) == 1
+
+
+def test_a_prebuilt_index_is_used_as_it_is(tmp_path):
+    """retrieval.index (built by `mem1 index`, e.g. on GPUs): reported, never rebuilt, its
+    corpus not read; its kind must be retrieval.kind."""
+    from flows.index import build_index_flow, build_or_reuse, corpus_path
+    from mem1_core.runs.assets import ensure_index
+    from mem1_core.runs.layout import RunPaths
+
+    smoke = load_config("smoke")
+    built = build_or_reuse.fn(corpus_path.fn(smoke, tmp_path), "bm25", tmp_path / "prebuilt", {})
+    overrides = ["data.source=nq", "data.nq=nq.jsonl", "data.nq_test=t.jsonl"]  # no corpus
+    given = [*overrides, "retrieval.kind=bm25", f"retrieval.index={built['index']}"]
+    run = tmp_path / "run"
+    out = build_index_flow.fn(profile="smoke", overrides=given, out_dir=str(run))
+    assert out["index"] == built["index"] and out["cached"] and not run.exists()
+    assert ensure_index(load_config("smoke", overrides=given), RunPaths(run)) == Path(out["index"])
+    dense = load_config("smoke", overrides=[*given, "retrieval.kind=dense"])
+    with pytest.raises(ValueError, match="is a bm25 index: set retrieval.kind=bm25"):
+        ensure_index(dense, RunPaths(run))
+    served = build_index_flow.fn(profile="smoke", overrides=[*overrides, "retrieval.url=http://x"])
+    assert served == {"url": "http://x", "kind": "bm25"}

@@ -130,9 +130,15 @@ class RetrievalConfig(Section):
     """Passages returned per query as one `<info>` block."""
     encoder: str = "intfloat/e5-base-v2"
     corpus: str | None = None
-    """Corpus path for non-world sources (Search-R1 JSONL or corpus Parquet)."""
+    """Corpus path for non-world sources (Search-R1 JSONL or corpus Parquet); the run builds
+    an index of it once (under its `indexes/`, reused by fingerprint)."""
+    index: str | None = None
+    """A prebuilt index directory (`mem1 index --out DIR`, e.g. a dense one built on GPUs):
+    used as it is, never rebuilt, and `corpus` is not read (the index holds its documents).
+    Its manifest's kind must be `kind`."""
     url: str | None = None
-    """If set, talk to a retrieval server at this URL instead of an in-process index."""
+    """If set, talk to a retrieval server at this URL instead of an in-process index (no
+    index is built or loaded)."""
 
     def __post_init__(self) -> None:
         if self.kind not in ("bm25", "dense"):

@@ -140,10 +140,27 @@ def index_options(cfg: Config) -> dict:
     return {"model": cfg.retrieval.encoder} if cfg.retrieval.kind == "dense" else {}
 
 
+def prebuilt_index(cfg: Config) -> Path:
+    """`retrieval.index`, checked to be an index of `retrieval.kind`."""
+    from mem1_core.retrieval import read_manifest
+
+    index_dir = Path(cfg.retrieval.index)
+    kind = read_manifest(index_dir).kind.value  # not an index: says so
+    if kind != cfg.retrieval.kind:
+        raise ValueError(
+            f"retrieval.index={index_dir} is a {kind} index: set retrieval.kind={kind}, "
+            f"or point retrieval.index at a {cfg.retrieval.kind} index"
+        )
+    return index_dir
+
+
 def ensure_index(cfg: Config, paths: RunPaths) -> Path:
-    """The run's index under `indexes/`, reused while the corpus fingerprint is unchanged."""
+    """The run's index: `retrieval.index` if given (never rebuilt), else one under
+    `indexes/`, reused while the corpus fingerprint is unchanged."""
     from mem1_core.retrieval import ensure_index as ensure
 
+    if cfg.retrieval.index is not None:
+        return prebuilt_index(cfg)
     index_dir, _built = ensure(
         corpus_path(cfg, paths),
         cfg.retrieval.kind,
@@ -211,5 +228,6 @@ def prepare(cfg: Config, root: str | Path) -> RunPaths:
     for n in cfg.data.eval_objectives:
         ensure_tasks(cfg, paths, "test", n)
     ensure_tokenizer(cfg, paths)
-    ensure_index(cfg, paths)
+    if cfg.retrieval.url is None:  # a retrieval server holds its own index
+        ensure_index(cfg, paths)
     return paths
