@@ -121,6 +121,8 @@ def _warm_start(ctx: RunContext) -> StageResult:
     from flows.stages import warm_start
 
     out = warm_start(**_stage_args(ctx))
+    if "skipped" in out:
+        return StageResult(outputs=out, headline={"warm start": "skipped (no teacher)"})
     keys = ("steps", "seconds", "final_loss", "eval_reward_before", "eval_reward_after")
     return StageResult(outputs=out, headline={f"warm start {k}": out[k] for k in keys})
 
@@ -149,7 +151,7 @@ def _train_baselines(ctx: RunContext) -> StageResult:
         outputs={"ppo_full": full, "sft_mem1": sft},
         headline={
             "ppo full held-out reward": full["metrics"].get("eval/reward"),
-            "sft mem1 held-out reward": sft["eval_reward_after"],
+            "sft mem1 held-out reward": sft.get("eval_reward_after"),
         },
     )
 

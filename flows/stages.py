@@ -1,12 +1,15 @@
 """The training and evaluation stages of the `mem1` pipeline, each a subflow writing under
 the run directory:
 
-- `warm-start`: SFT on 1-objective teacher trajectories (the tag format), `warm_start/`.
+- `warm-start`: SFT on 1-objective teacher trajectories (the tag format), or the profile's
+  pretrained base, `warm_start/`; on real QA data without a base there is neither (no
+  teacher plays it) and PPO starts from the pretrained model.
 - `train-ppo`: PPO with the `mem1` memory policy on N-objective tasks from the warm start,
   `ppo_mem1/`.
 - `train-baselines`: the same PPO with the `full` memory policy (the Search-R1-style
   full-context agent), `ppo_full/`; and the SFT arm of the ablation: SFT on N-objective
-  teacher trajectories under `mem1` from the same warm start, `sft_mem1/`.
+  teacher trajectories under `mem1` from the same warm start, `sft_mem1/` (not on real QA
+  data).
 - `evaluate-objective-scaling`: every agent (and the teacher) on test tasks for each N,
   `eval/` (trajectories, metrics.{parquet,csv}, plots).
 - `ablation-summary`: RL vs SFT across N, and the training curves, `ablation/`.
@@ -45,9 +48,12 @@ def _resume(out: Path) -> bool:
 def warm_start(
     profile: str, config_path: str | None, overrides: list[str] | None, run_dir: str
 ) -> dict[str, Any]:
-    from mem1_core.training.sft import train_sft
+    from mem1_core.training.sft import NO_TEACHER, has_warm_start, train_sft
 
     cfg = build_config(profile, config_path, overrides)
+    if not has_warm_start(cfg):
+        print(f"warm start skipped: {NO_TEACHER}")
+        return {"skipped": NO_TEACHER}
     root = Path(run_dir)
     out = root / WARM_START
     result = train_sft(cfg, out, warm_start=True, assets_dir=root, resume=True, progress=False)
@@ -70,6 +76,7 @@ def train_ppo_mem1(
 ) -> dict[str, Any]:
     """PPO under the memory policy `memory` from the warm start. (`policy` is its old name:
     still read, with a warning, for one release.)"""
+    from mem1_core.training.sft import has_warm_start
     from mem1_core.training.train_rl import train_rl
 
     if policy is not None:
@@ -80,9 +87,8 @@ def train_ppo_mem1(
     cfg = _with_memory(build_config(profile, config_path, overrides), memory)
     root = Path(run_dir)
     out = root / (PPO_MEM1 if memory == "mem1" else PPO_FULL)
-    result = train_rl(
-        cfg, out, estimator="gae", resume=_resume(out), init=root / WARM_START, show=False
-    )
+    init = root / WARM_START if has_warm_start(cfg) else None  # None: the pretrained model
+    result = train_rl(cfg, out, estimator="gae", resume=_resume(out), init=init, show=False)
     publish_table(
         f"ppo-{memory}",
         metric_rows(result["metrics"]),
@@ -96,9 +102,12 @@ def train_sft_arm(
     profile: str, config_path: str | None, overrides: list[str] | None, run_dir: str
 ) -> dict[str, Any]:
     from mem1_core.runs.layout import resolve_init
-    from mem1_core.training.sft import train_sft
+    from mem1_core.training.sft import NO_TEACHER, has_teacher, train_sft
 
     cfg = _with_memory(build_config(profile, config_path, overrides), "mem1")
+    if not has_teacher(cfg):
+        print(f"SFT arm skipped: {NO_TEACHER}")
+        return {"skipped": NO_TEACHER}
     root = Path(run_dir)
     return train_sft(
         cfg,

@@ -34,6 +34,18 @@ def env(small_tokenizer, small_index):
     return QAEnvironment(small_tokenizer, small_index, topk=3)
 
 
+def test_teacher_refuses_tasks_without_plans(small_tasks):
+    """The teacher plays from the world's plans. Real questions (HotpotQA, NQ) have none: it
+    would answer `?` to all of them, and SFT on that would teach exactly that."""
+    from mem1_core.rollout.loop import Task
+    from mem1_core.rollout.teacher import can_play
+
+    real = Task("nq-0", "Question 1: who?\n", ["who?"], [["Ilse Varro", "Varro"]], ["[]"])
+    assert can_play(small_tasks) and not can_play([real]) and not can_play([*small_tasks, real])
+    with pytest.raises(ValueError, match="plays only the world's tasks"):
+        ScriptedTeacher(None, [*small_tasks, real])
+
+
 @pytest.mark.parametrize("policy", ["mem1", "full"])
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_teacher_plays_the_format_well_under_both_policies(

@@ -3,11 +3,12 @@ write the table and plots, and compute the headline ratios."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from mem1_core.evaluation.scaling import Agent, evaluate_scaling, headline, ratios, scaling_plots
 from mem1_core.models.model import load_model
-from mem1_core.rollout.teacher import ScriptedTeacher
+from mem1_core.rollout.teacher import ScriptedTeacher, can_play
 from mem1_core.runs import atomic
 from mem1_core.runs.assets import (
     adopt_init_tokenizer,
@@ -17,6 +18,8 @@ from mem1_core.runs.assets import (
     prepare,
 )
 from mem1_core.runs.layout import PPO_FULL, PPO_MEM1, SFT_MEM1, WARM_START, RunPaths, resolve_init
+
+log = logging.getLogger(__name__)
 
 TRAINED_AGENTS: tuple[tuple[str, str, str], ...] = (
     ("warm-start", WARM_START, "mem1"),
@@ -50,7 +53,8 @@ def run_objective_scaling(
     objectives: tuple[int, ...] | None = None,
     progress: bool = True,
 ) -> dict:
-    """agents: (name, policy_dir, memory policy). Returns table rows, ratios, plot paths."""
+    """agents: (name, policy_dir, memory policy). Returns table rows, ratios, plot paths.
+    `teacher` adds the scripted teacher's rows where it can play the tasks (the world's)."""
     # Every agent reads with its own tokenizer: the run adopts theirs (all must agree).
     for _name, path, _memory in agents:
         adopt_init_tokenizer(cfg, RunPaths(Path(run_dir).resolve()), Path(path))
@@ -60,8 +64,16 @@ def run_objective_scaling(
     ns = objectives or cfg.data.eval_objectives
     tasks_by_n = {n: load_tasks(cfg, paths, "test", n)[: cfg.data.eval_tasks(n)] for n in ns}
     built = [Agent(name, memory, load_model(path, cfg.model, tok)) for name, path, memory in agents]
+    every = [t for ts in tasks_by_n.values() for t in ts]
+    if teacher and not can_play(every):
+        if not built:
+            raise ValueError(
+                "nothing to evaluate: the scripted teacher plays only the world's tasks (their "
+                "plans), not these; give an agent (--agent NAME=DIR)"
+            )
+        log.info("no teacher rows: the scripted teacher plays only the world's tasks (plans)")
+        teacher = False
     if teacher:
-        every = [t for ts in tasks_by_n.values() for t in ts]
         # the teacher as a reference row under both memories: its peak tokens show what each
         # memory costs when the play is perfect
         built.append(Agent("teacher", "mem1", None, ScriptedTeacher(tok, every)))

@@ -57,6 +57,12 @@ def task_steps(task: Task) -> list[list[Step]]:
     return out
 
 
+def can_play(tasks: list[Task]) -> bool:
+    """Whether the teacher knows how to solve every task: it plays from the world's plans.
+    Real QA data (HotpotQA, NQ) has none; there it would answer `?` to every question."""
+    return all(all(task_steps(t)) for t in tasks)
+
+
 def final_answer(steps: list[Step], found: list[str | None]) -> str:
     """The answer an objective's found facts give: a comparison names the earlier entity
     (its two lookups found years), any other question answers with its last hop."""
@@ -83,6 +89,12 @@ class ScriptedTeacher:
         seed: int = 0,
         forget_rate: float = 0.0,
     ):
+        if not can_play(tasks):
+            # it would answer `?` to every question, and SFT would teach exactly that
+            raise ValueError(
+                "the scripted teacher plays only the world's tasks (their plans); these have "
+                "none (real QA data): learn from them with RL (`mem1 train ppo`), not SFT"
+            )
         self.tok = tokenizer
         self.tasks = {t.task_id: t for t in tasks}
         self.error_rate = error_rate

@@ -27,6 +27,22 @@ from mem1_core.trajectory.logprobs import forward_tree
 from mem1_core.trajectory.record import Trajectory, turn_paths, write_trajectories
 from mem1_core.trajectory.tree import FlatTree, collate, flatten
 
+NO_TEACHER = (
+    "the scripted teacher plays only the world's tasks (their plans), so real QA data has no "
+    "teacher trajectories and no SFT; PPO starts from the pretrained model, as MEM1's RL does"
+)
+
+
+def has_teacher(cfg) -> bool:
+    """Whether the run's tasks have teacher trajectories to learn from (SFT needs them)."""
+    return cfg.data.source == "world"
+
+
+def has_warm_start(cfg) -> bool:
+    """Whether a pipeline run has a warm start before PPO: SFT on teacher trajectories, or
+    the profile's pretrained base (`model.base`, no teacher needed)."""
+    return cfg.model.base is not None or has_teacher(cfg)
+
 
 def teacher_trajectories(
     tasks: list[Task],
