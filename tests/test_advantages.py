@@ -11,6 +11,7 @@ from torch.testing import assert_close
 
 from mem1_core.rl.advantages import (
     KL_ESTIMATORS,
+    discounted_returns,
     gae,
     grpo_advantages,
     kl_estimate,
@@ -18,6 +19,7 @@ from mem1_core.rl.advantages import (
     masked_mean,
     masked_var,
     masked_whiten,
+    rloo_advantages,
     token_rewards,
 )
 from mem1_core.rl.estimators import ESTIMATORS, get_estimator, register_adv_est
@@ -103,6 +105,46 @@ def ref_grpo(scores, group_ids, mask, eps, normalize_std):
     return out
 
 
+def ref_rloo(scores, group_ids, mask):
+    """RLOO (Ahmadian et al. 2024): each sample's score minus the mean of the others'."""
+    batch, length = mask.shape
+    out = torch.zeros(batch, length, dtype=torch.float64)
+    for b in range(batch):
+        others = [
+            float(scores[j])
+            for j in range(batch)
+            if j != b and int(group_ids[j]) == int(group_ids[b])
+        ]
+        a = float(scores[b]) - statistics.fmean(others) if others else 0.0
+        for i in range(length):
+            if mask[b, i]:
+                out[b, i] = a
+    return out
+
+
+def ref_reward_to_go(rewards, mask, gamma):
+    """REINFORCE++'s return along a row's generated tokens, environment tokens skipped."""
+    out = torch.zeros(mask.shape, dtype=torch.float64)
+    for b in range(mask.shape[0]):
+        pos = [i for i in range(mask.shape[1]) if mask[b, i]]
+        for k, i in enumerate(pos):
+            out[b, i] = sum(gamma**j * float(rewards[b, p]) for j, p in enumerate(pos[k:]))
+    return out
+
+
+def verl_reinforce_pp_returns(rewards, mask, gamma):
+    """verl's compute_reinforce_plus_plus_outcome_advantage loop: the running return is
+    reset after every token outside the response mask."""
+    out = torch.zeros(mask.shape, dtype=torch.float64)
+    for b in range(mask.shape[0]):
+        running = 0.0
+        for t in reversed(range(mask.shape[1])):
+            running = float(rewards[b, t]) + gamma * running
+            out[b, t] = running
+            running *= float(mask[b, t])
+    return out
+
+
 # ---------------------------------------------------------------------- masks
 
 
@@ -130,11 +172,27 @@ def test_kl_estimators_match_formulas(gen):
             r = math.exp(q - p)
             assert kl_estimate(logp, ref, "k1")[b, i].item() == pytest.approx(p - q)
             assert kl_estimate(logp, ref, "k2")[b, i].item() == pytest.approx(0.5 * (p - q) ** 2)
-            assert kl_estimate(logp, ref, "k3")[b, i].item() == pytest.approx(r - 1 - math.log(r))
+            k3 = min(r - 1 - math.log(r), 10.0)  # verl clips k3 to +-10 (kl_penalty)
+            assert kl_estimate(logp, ref, "k3")[b, i].item() == pytest.approx(k3)
     assert (kl_estimate(logp, ref, "k3") >= 0).all()
     assert set(KL_ESTIMATORS) >= {"k1", "k3"}
     with pytest.raises(ValueError, match="k3"):
         kl_estimate(logp, ref, "k9")
+
+
+def test_k3_is_clipped_to_10_like_verl():
+    """verl's low_var_kl clamps the log-ratio to +-20, then the k3 value to +-10: a token far
+    from the reference adds at most 10 (and no gradient) to the KL."""
+    logp = torch.tensor([[0.0, 0.0, 0.0, -12.0]], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([[-1.0, 2.0, -30.0, 0.0]], dtype=torch.float64)
+    k3 = kl_estimate(logp, ref, "k3")
+    # ref - logp = -1, 2, -30 (clamped to -20), 12: k3 = 0.37, 4.39, then 19 and e^12 - 13,
+    # both clipped to 10
+    expected = [math.exp(-1) - 1 + 1, math.exp(2) - 3, 10.0, 10.0]
+    assert k3[0].tolist() == pytest.approx(expected)
+    k3.sum().backward()
+    assert logp.grad[0, 2:].tolist() == [0.0, 0.0]  # clipped: no gradient, as in verl
+    assert logp.grad[0, :2].tolist() == pytest.approx([1 - math.exp(-1), 1 - math.exp(2)])
 
 
 def test_k1_k3_are_unbiased_estimates_of_kl(gen):
@@ -165,7 +223,7 @@ def test_token_rewards_match_loop_and_ignore_environment_tokens(gen):
             for i in range(25):
                 if mask[b, i]:
                     p, q = float(logp[b, i]), float(ref[b, i])
-                    kl = p - q if kind == "k1" else math.exp(q - p) - 1 - (q - p)
+                    kl = p - q if kind == "k1" else min(math.exp(q - p) - 1 - (q - p), 10.0)
                     expected[b, i] = -coef * kl + (float(scores[b]) if i == last[b] else 0.0)
         assert_close(got, expected)
         # Garbage (inf, NaN) at environment tokens changes nothing.
@@ -283,6 +341,43 @@ def test_grpo_broadcasts_to_every_turn(gen):
     assert (same == 0).all()  # equal scores: no signal, no division by zero
 
 
+# --------------------------------------------------------------- RLOO, REINFORCE++
+
+
+def test_rloo_matches_reference_loop(gen):
+    mask = turn_mask(12, 20, gen)
+    scores = torch.randint(0, 3, (12,), generator=gen).double()
+    group_ids = torch.tensor([7, 7, 7, -2, -2, 40, 3, 3, 3, 3, 7, 99])  # 40, 99: alone
+    got = rloo_advantages(scores, group_ids, mask)
+    assert_close(got, ref_rloo(scores, group_ids, mask))
+    # verl's form: n / (n - 1) * (score - group mean)
+    rows = (group_ids == 3).nonzero().squeeze(1)
+    expected = 4 / 3 * (scores[rows] - scores[rows].mean())
+    for b, e in zip(rows.tolist(), expected.tolist(), strict=True):
+        assert got[b][mask[b]].tolist() == pytest.approx([e] * int(mask[b].sum()))
+
+
+@pytest.mark.parametrize("gamma", [1.0, 0.9])
+def test_reward_to_go_matches_loop_and_runs_through_environment_tokens(gen, gamma):
+    mask = turn_mask(9, 30, gen)
+    rewards = torch.randn(9, 30, generator=gen, dtype=torch.float64)
+    got = discounted_returns(garbage_like(rewards, mask, gen), mask, gamma)
+    assert_close(got, ref_reward_to_go(rewards, mask, gamma))
+    # A single-turn response (one block, then padding) is verl's case: the same returns.
+    single = torch.zeros(3, 12, dtype=torch.bool)
+    single[:, :7] = True
+    single[2, 5:] = False
+    r = torch.where(single, rewards[:3, :12], 0)
+    verl = verl_reinforce_pp_returns(r, single, gamma)
+    assert_close(discounted_returns(r, single, gamma), torch.where(single, verl, 0))
+    # With turns, verl's reset cuts the earlier turns off from the final score; ours
+    # carries it back to every turn (the documented departure).
+    turns = torch.tensor([[0, 1, 1, 0, 0, 1, 1, 0]], dtype=torch.bool)
+    score = token_rewards(torch.tensor([1.0], dtype=torch.float64), turns)
+    assert discounted_returns(score, turns, 1.0)[0, 1].item() == 1.0
+    assert verl_reinforce_pp_returns(score, turns, 1.0)[0, 1].item() == 0.0
+
+
 # ------------------------------------------------------------------- registry
 
 
@@ -304,6 +399,22 @@ def test_registry_shares_one_signature(gen):
     assert_close(adv, grpo_advantages(scores * mask.any(1), group_ids, mask, 1e-6, False))
     with pytest.raises(ValueError, match="values"):
         ESTIMATORS["gae"].fn(**{**kwargs, "values": None}, **hyper)
+    adv, _ = ESTIMATORS["rloo"].fn(**kwargs, **hyper)
+    assert_close(adv, rloo_advantages(scores * mask.any(1), group_ids, mask))
+    adv, ret = ESTIMATORS["reinforce_plus_plus"].fn(**{**kwargs, "values": None}, **hyper)
+    assert_close((adv, ret), (discounted_returns(rewards, mask, 1.0),) * 2)
+    adv, _ = ESTIMATORS["reinforce_plus_plus_baseline"].fn(**kwargs, **hyper)
+    assert_close(adv, grpo_advantages(scores * mask.any(1), group_ids, mask, normalize_std=False))
+    flags = {k: (e.uses_critic, e.whiten, e.grouped) for k, e in ESTIMATORS.items()}
+    assert flags == {
+        "gae": (True, True, False),
+        "grpo": (False, False, True),
+        "grpo_mean": (False, False, True),
+        "rloo": (False, False, True),
+        # verl whitens both REINFORCE++ variants over the batch (masked_whiten)
+        "reinforce_plus_plus": (False, True, False),
+        "reinforce_plus_plus_baseline": (False, True, True),
+    }
     assert get_estimator("gae").uses_critic and not get_estimator("grpo").uses_critic
     with pytest.raises(ValueError, match="registered twice"):
         register_adv_est("gae", uses_critic=True, whiten=True)(lambda **_: None)

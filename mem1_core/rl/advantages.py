@@ -21,6 +21,8 @@ KL coefficient 1e-3):
   samples per task, broadcast to every generated token of the trajectory (all turns).
   Departure from verl: a group of size 1 gets advantage 0 (no baseline exists), not
   its raw score.
+- `rloo_advantages`: leave-one-out baseline within the group (RLOO); `discounted_returns`:
+  the reward-to-go along generated tokens (REINFORCE++'s return).
 - `masked_mean` / `masked_var` / `masked_whiten`: statistics over generated tokens only.
 
 KL variants are chosen by name through `KL_ESTIMATORS`; advantage estimators are registered
@@ -35,9 +37,13 @@ import torch
 from torch import Tensor
 
 # exp() of a log-ratio above ~88 overflows float32; |log-ratio| > 20 means the two
-# policies disagree by a factor of 5e8 and the estimate is meaningless anyway (verl
-# clamps the same way in its low-variance KL).
+# policies disagree by a factor of 5e8 and the estimate is meaningless anyway. verl's
+# low-variance KL (k3) clamps its log-ratio to the same +-20, and then clips the k3 value
+# itself to +-10 (`kl_penalty`, "low_var_kl"): one token far off the reference cannot
+# dominate a batch's KL. Ours does both; k3 >= 0, so only the upper bound ever binds, and
+# there its gradient is 0, as in verl.
 _MAX_LOG_RATIO = 20.0
+_MAX_K3 = 10.0
 
 
 def check_loss_mask(loss_mask: Tensor, *tensors: Tensor) -> None:
@@ -125,7 +131,7 @@ def _kl_k2(logp: Tensor, ref_logp: Tensor) -> Tensor:
 
 def _kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
     log_r = (ref_logp - logp).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-    return torch.expm1(log_r) - log_r
+    return (torch.expm1(log_r) - log_r).clamp(-_MAX_K3, _MAX_K3)
 
 
 KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
@@ -133,7 +139,7 @@ KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
     # logp is the first argument; all estimate KL(policy || ref).
     "k1": _kl_k1,  # log(p/q): unbiased, high variance, can be negative
     "k2": _kl_k2,  # 0.5 log(p/q)^2: biased, low variance, its gradient is the KL's
-    "k3": _kl_k3,  # (r - 1) - log r, r = q/p: unbiased, low variance, >= 0 (GRPO)
+    "k3": _kl_k3,  # (r - 1) - log r, r = q/p: unbiased, low variance, >= 0 (GRPO); <= 10
 }
 
 
@@ -235,6 +241,24 @@ def gae(
     return advantages, returns
 
 
+def _check_group_inputs(scores: Tensor, group_ids: Tensor, loss_mask: Tensor) -> None:
+    check_loss_mask(loss_mask)
+    if scores.shape != loss_mask.shape[:1] or group_ids.shape != loss_mask.shape[:1]:
+        raise ValueError(
+            f"scores and group_ids must be (B,) = {tuple(loss_mask.shape[:1])}, "
+            f"got {tuple(scores.shape)} and {tuple(group_ids.shape)}"
+        )
+
+
+def _group_deviation(scores: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """scores, group_ids: (B,) -> (score - its group's mean, its group's size, the group's
+    index per row), all (B,)."""
+    _, group, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    sums = torch.zeros(counts.numel(), dtype=scores.dtype, device=scores.device)
+    sums.index_add_(0, group, scores)
+    return scores - (sums / counts)[group], counts[group], group
+
+
 @torch.no_grad()
 def grpo_advantages(
     scores: Tensor,
@@ -249,21 +273,11 @@ def grpo_advantages(
     (unbiased std, as DeepSeekMath/verl/TRL), or score_b - mean_g with
     normalize_std=False (Dr. GRPO). Broadcast to every generated token of row b, 0 on
     environment tokens. A group of one row gets 0."""
-    check_loss_mask(loss_mask)
-    if scores.shape != loss_mask.shape[:1] or group_ids.shape != loss_mask.shape[:1]:
-        raise ValueError(
-            f"scores and group_ids must be (B,) = {tuple(loss_mask.shape[:1])}, "
-            f"got {tuple(scores.shape)} and {tuple(group_ids.shape)}"
-        )
-    dtype = _float_dtype(scores)
-    scores = scores.to(dtype)
-    _, group, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
-    n_groups = counts.numel()
-    sums = torch.zeros(n_groups, dtype=dtype, device=scores.device).index_add_(0, group, scores)
-    deviation = scores - (sums / counts)[group]
-    n = counts[group]
+    _check_group_inputs(scores, group_ids, loss_mask)
+    scores = scores.to(_float_dtype(scores))
+    deviation, n, group = _group_deviation(scores, group_ids)
     if normalize_std:
-        square = torch.zeros(n_groups, dtype=dtype, device=scores.device)
+        square = torch.zeros(int(group.max()) + 1, dtype=scores.dtype, device=scores.device)
         square.index_add_(0, group, deviation**2)
         std = torch.sqrt(square[group] / (n - 1).clamp_min(1))
         adv = deviation / (std + eps)
@@ -271,3 +285,34 @@ def grpo_advantages(
         adv = deviation
     adv = torch.where(n > 1, adv, 0)
     return torch.where(loss_mask, adv[:, None], 0)
+
+
+@torch.no_grad()
+def rloo_advantages(scores: Tensor, group_ids: Tensor, loss_mask: Tensor) -> Tensor:
+    """Leave-one-out advantages (RLOO, Ahmadian et al. 2024). scores, group_ids: (B,); loss_mask: (B, L) -> advantages (B, L).
+
+    A_b = score_b - mean of the other rows of b's group = n / (n - 1) * (score_b - mean_g)
+    (verl's `compute_rloo_outcome_advantage`), broadcast to every generated token of row b
+    (all turns), 0 on environment tokens. A group of one row gets 0, as in `grpo_advantages`
+    (verl passes its raw score through)."""
+    _check_group_inputs(scores, group_ids, loss_mask)
+    scores = scores.to(_float_dtype(scores))
+    deviation, n, _ = _group_deviation(scores, group_ids)
+    adv = torch.where(n > 1, deviation * n / (n - 1).clamp_min(1), 0)
+    return torch.where(loss_mask, adv[:, None], 0)
+
+
+@torch.no_grad()
+def discounted_returns(rewards: Tensor, loss_mask: Tensor, gamma: float) -> Tensor:
+    """Reward-to-go over generated tokens in generation order. rewards, loss_mask: (B, L) -> returns (B, L).
+
+    G_k = sum_j>=k gamma^(j-k) r_j over a row's generated tokens k, j (environment tokens
+    skipped: gamma discounts per generated token), 0 on environment tokens; REINFORCE++'s
+    return (Hu 2025). This is GAE with V = 0 and lam = 1. Departure from verl's
+    `compute_reinforce_plus_plus_outcome_advantage`: verl resets the running return at
+    every token outside the response mask, which in a single-turn response is only the
+    padding after EOS, but in a multi-turn trajectory would cut every turn but the last
+    off from the task score (it sits on the final turn's last token); here the chain runs
+    through the environment tokens, as our (and verl's, since its PR #2337) GAE does."""
+    check_loss_mask(loss_mask, rewards)
+    return gae(rewards, torch.zeros_like(rewards), loss_mask, gamma, 1.0)[0]

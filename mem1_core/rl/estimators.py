@@ -2,9 +2,17 @@
 
 Every estimator shares one signature (keyword-only (B, L) tensors and scalars in,
 (advantages, returns) (B, L) out) and registers with `@register_adv_est(name, ...)`, which
-also records whether it needs a critic and whether its advantages are whitened over the
-batch (verl's `register_adv_est`, with the training flags beside the function instead of in
-a second table).
+also records whether it needs a critic, whether its advantages are whitened over the
+batch and whether it needs a group of samples per task (verl's `register_adv_est`, with
+the training flags beside the function instead of in a second table). `ppo.adv_estimator`
+picks one by name (verl: `algorithm.adv_estimator`).
+
+Rewards: `rewards` are token-level (mem1_core.rl.advantages.token_rewards: the task score on
+the last generated token of the final turn, minus kl_coef * KL on every generated token
+unless the KL is a loss term). `gae` and `reinforce_plus_plus` run along the generated
+tokens (environment tokens between turns are skipped, not chain breaks); the group
+estimators (`grpo`, `grpo_mean`, `rloo`, `reinforce_plus_plus_baseline`) score a trajectory
+by its summed token reward, as verl does, and broadcast one advantage to all its turns.
 """
 
 from __future__ import annotations
@@ -17,7 +25,13 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from mem1_core.rl.advantages import check_loss_mask, gae, grpo_advantages
+from mem1_core.rl.advantages import (
+    check_loss_mask,
+    discounted_returns,
+    gae,
+    grpo_advantages,
+    rloo_advantages,
+)
 
 
 class AdvantageFn(Protocol):
@@ -47,6 +61,8 @@ class Estimator:
     uses_critic: bool
     whiten: bool
     """Whiten the advantages over the batch (PPO); GRPO's are already normalised per group."""
+    grouped: bool = False
+    """Needs several samples per task (`ppo.samples_per_task` >= 2): its baseline is the group."""
 
 
 ESTIMATORS: dict[str, Estimator] = {}
@@ -54,14 +70,14 @@ ESTIMATORS: dict[str, Estimator] = {}
 
 
 def register_adv_est(
-    name: str, *, uses_critic: bool, whiten: bool
+    name: str, *, uses_critic: bool, whiten: bool, grouped: bool = False
 ) -> Callable[[AdvantageFn], AdvantageFn]:
     """Register the decorated function as the estimator `name`."""
 
     def add(fn: AdvantageFn) -> AdvantageFn:
         if name in ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is registered twice")
-        ESTIMATORS[name] = Estimator(name, fn, uses_critic, whiten)
+        ESTIMATORS[name] = Estimator(name, fn, uses_critic, whiten, grouped)
         return fn
 
     return add
@@ -84,7 +100,16 @@ def gae_estimator(
     return gae(rewards, values, loss_mask, gamma, lam)
 
 
-@register_adv_est("grpo", uses_critic=False, whiten=False)  # group-relative, several samples
+def _scores(rewards: Tensor, loss_mask: Tensor, group_ids: Tensor | None, name: str) -> Tensor:
+    """(B,) trajectory scores: the summed token rewards. With the KL as a loss term (kl_coef
+    = 0 in the rewards, the GRPO way) that is exactly the task score."""
+    if group_ids is None:
+        raise ValueError(f"the {name!r} estimator needs group_ids (one id per task)")
+    check_loss_mask(loss_mask, rewards)
+    return torch.where(loss_mask, rewards, 0).sum(1)
+
+
+@register_adv_est("grpo", uses_critic=False, whiten=False, grouped=True)  # group-relative
 def grpo_estimator(
     *,
     rewards: Tensor,
@@ -94,18 +119,43 @@ def grpo_estimator(
     normalize_std: bool = True,
     **_,
 ) -> tuple[Tensor, Tensor]:
-    if group_ids is None:
-        raise ValueError("the 'grpo' estimators need group_ids (one id per task)")
-    check_loss_mask(loss_mask, rewards)
-    # The trajectory's score is its summed token reward: with the KL as a loss term
-    # (kl_coef = 0 in the rewards, the GRPO way) that is exactly the task score.
-    scores = torch.where(loss_mask, rewards, 0).sum(1)
+    scores = _scores(rewards, loss_mask, group_ids, "grpo")
     adv = grpo_advantages(scores, group_ids, loss_mask, eps, normalize_std)
     # No critic: returns are unused; like verl, hand back the advantages.
     return adv, adv
 
 
-# Dr. GRPO: no division by the group std.
-register_adv_est("grpo_mean", uses_critic=False, whiten=False)(
+# Dr. GRPO: no division by the group std (verl: algorithm.norm_adv_by_std_in_grpo=False).
+register_adv_est("grpo_mean", uses_critic=False, whiten=False, grouped=True)(
     partial(grpo_estimator, normalize_std=False)
 )
+
+
+@register_adv_est("rloo", uses_critic=False, whiten=False, grouped=True)  # leave-one-out
+def rloo_estimator(
+    *, rewards: Tensor, loss_mask: Tensor, group_ids: Tensor | None, **_
+) -> tuple[Tensor, Tensor]:
+    adv = rloo_advantages(_scores(rewards, loss_mask, group_ids, "rloo"), group_ids, loss_mask)
+    return adv, adv
+
+
+# REINFORCE++ (Hu 2025): no critic, no group; the token-level reward-to-go (KL penalty
+# included), whitened over the batch. The returns are its advantages before whitening.
+@register_adv_est("reinforce_plus_plus", uses_critic=False, whiten=True)
+def reinforce_plus_plus_estimator(
+    *, rewards: Tensor, loss_mask: Tensor, gamma: float, **_
+) -> tuple[Tensor, Tensor]:
+    returns = discounted_returns(rewards, loss_mask, gamma)
+    return returns, returns
+
+
+# REINFORCE++-baseline: the trajectory score minus its group's mean, broadcast to every
+# generated token, then whitened over the batch (verl's
+# `compute_reinforce_plus_plus_baseline_outcome_advantage`).
+@register_adv_est("reinforce_plus_plus_baseline", uses_critic=False, whiten=True, grouped=True)
+def reinforce_plus_plus_baseline_estimator(
+    *, rewards: Tensor, loss_mask: Tensor, group_ids: Tensor | None, **_
+) -> tuple[Tensor, Tensor]:
+    scores = _scores(rewards, loss_mask, group_ids, "reinforce_plus_plus_baseline")
+    adv = grpo_advantages(scores, group_ids, loss_mask, normalize_std=False)
+    return adv, adv
