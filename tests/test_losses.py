@@ -10,11 +10,16 @@ import torch
 from torch.testing import assert_close
 
 from mem1_core.rl.losses import (
+    LOSS_AGG_MODES,
+    POLICY_LOSSES,
+    LossAgg,
+    agg_loss,
     clipped_policy_loss,
     clipped_value_loss,
     entropy_bonus,
     entropy_from_logits,
     explained_variance,
+    gspo_policy_loss,
     kl_loss,
     token_logprobs,
     token_mean,
@@ -277,3 +282,160 @@ def test_micro_batches_sum_to_the_full_batch(gen):
     assert_close(summed_metrics, full_metrics, atol=1e-6, rtol=1e-6)
     assert_close(micro_logits.grad, logits.grad, atol=1e-6, rtol=1e-6)
     assert_close(micro_values.grad, values.grad, atol=1e-6, rtol=1e-6)
+
+
+# ------------------------------------------------- aggregation (verl's loss_agg_mode)
+
+SCALE = 7.0  # seq-mean-token-sum-norm's fixed normaliser in these tests
+
+
+def ref_agg(x, mask, mode, scale=SCALE):
+    """verl's agg_loss, written as loops over rows and tokens (rows without a generated
+    token are no sequence)."""
+    rows = [[float(x[b, i]) for i in range(mask.shape[1]) if mask[b, i]] for b in range(len(x))]
+    rows = [r for r in rows if r]
+    if mode == "token-mean":
+        return sum(sum(r) for r in rows) / sum(len(r) for r in rows)
+    if mode == "seq-mean-token-mean":
+        return sum(sum(r) / len(r) for r in rows) / len(rows)
+    if mode == "seq-mean-token-sum":
+        return sum(sum(r) for r in rows) / len(rows)
+    assert mode == "seq-mean-token-sum-norm"
+    return sum(sum(r) / scale for r in rows) / len(rows)
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_agg_loss_matches_loop_and_ignores_environment_tokens(gen, mode):
+    mask = turn_mask(7, 18, gen)
+    x = torch.randn(7, 18, generator=gen, dtype=torch.float64)
+    got = agg_loss(garbage_like(x, mask, gen), mask, mode, scale_factor=SCALE)
+    assert got.item() == pytest.approx(ref_agg(x, mask, mode))
+    if mode == "seq-mean-token-sum-norm":  # Dr. GRPO's normaliser is fixed, never inferred
+        with pytest.raises(ValueError, match="scale_factor"):
+            agg_loss(x, mask, mode)
+    with pytest.raises(ValueError, match="loss_agg_mode"):
+        agg_loss(x, mask, "seq-sum")
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_micro_batches_sum_to_the_full_batch_in_every_mode(gen, mode):
+    batch = rollout_batch(gen, n_rows=8)
+    agg = LossAgg.of(batch["mask"], mode, SCALE)
+
+    logits = batch["logits"].clone().requires_grad_()
+    values = batch["values"].clone().requires_grad_()
+    full_loss, full_metrics = total_loss(logits, values, batch, normalizer=agg)
+    full_loss.backward()
+    # The whole objective in this mode, against the loops: every term aggregates alike.
+    m = batch["mask"]
+    logp = token_logprobs(batch["logits"], batch["tokens"])
+    ent = entropy_from_logits(batch["logits"])
+    assert full_metrics["entropy"].item() == pytest.approx(ref_agg(ent, m, mode), rel=1e-5)
+
+    micro_logits = batch["logits"].clone().requires_grad_()
+    micro_values = batch["values"].clone().requires_grad_()
+    summed_loss = torch.zeros(())
+    summed_metrics = {k: torch.zeros(()) for k in full_metrics}
+    for rows in (slice(0, 3), slice(3, 4), slice(4, 8)):  # row 0 has no generated token
+        loss, metrics = total_loss(
+            micro_logits[rows], micro_values[rows], batch, rows, normalizer=agg
+        )
+        loss.backward()
+        summed_loss += loss.detach()
+        summed_metrics = {k: summed_metrics[k] + metrics[k] for k in metrics}
+    assert_close(summed_loss, full_loss.detach(), atol=1e-6, rtol=1e-6)
+    assert_close(summed_metrics, full_metrics, atol=1e-6, rtol=1e-6)
+    assert_close(micro_logits.grad, logits.grad, atol=1e-6, rtol=1e-6)
+    assert_close(micro_values.grad, values.grad, atol=1e-6, rtol=1e-6)
+    # Metrics are token means whatever the mode (verl): clip_frac is the loop's.
+    _, ref_clip = ref_policy_loss(logp, batch["old_logp"], batch["adv"], m, 0.2, 0.2, 3.0)
+    assert full_metrics["clip_frac"].item() == pytest.approx(ref_clip)
+
+
+# ------------------------------------------------- rollout correction in the loss
+
+
+def test_is_weights_multiply_each_tokens_clipped_loss(gen):
+    mask = turn_mask(5, 16, gen)
+    logp = -torch.rand(5, 16, generator=gen, dtype=torch.float64) * 3
+    old_logp = logp + 0.5 * torch.randn(5, 16, generator=gen, dtype=torch.float64)
+    adv = torch.randn(5, 16, generator=gen, dtype=torch.float64)
+    w = torch.rand(5, 16, generator=gen, dtype=torch.float64) * 2
+    loss, _ = clipped_policy_loss(
+        logp, old_logp, adv, mask, 0.2, dual_clip=3.0, is_weights=garbage_like(w, mask, gen)
+    )
+    total = 0.0
+    for b, i in mask.nonzero().tolist():
+        a, r = float(adv[b, i]), math.exp(float(logp[b, i]) - float(old_logp[b, i]))
+        token = max(-a * r, -a * min(max(r, 0.8), 1.2))
+        if a < 0:
+            token = min(token, -a * 3.0)
+        total += float(w[b, i]) * token
+    assert loss.item() == pytest.approx(total / int(mask.sum()))
+
+
+# ------------------------------------------------------------------------ GSPO
+
+
+def ref_gspo(logp, old_logp, adv, mask, low, high):
+    """GSPO's sequence objective with verl's aggregation: per row, s = exp(mean log-ratio),
+    each token's loss max(-A s, -A clip(s)); the mean over the row, then over rows."""
+    rows = []
+    for b in range(mask.shape[0]):
+        idx = [i for i in range(mask.shape[1]) if mask[b, i]]
+        if not idx:
+            continue
+        s = math.exp(sum(float(logp[b, i]) - float(old_logp[b, i]) for i in idx) / len(idx))
+        losses = []
+        for i in idx:
+            a = float(adv[b, i])
+            losses.append(max(-a * s, -a * min(max(s, 1 - low), 1 + high)))
+        rows.append(sum(losses) / len(losses))
+    return sum(rows) / len(rows)
+
+
+@pytest.mark.parametrize(("low", "high"), [(3e-4, 4e-4), (0.2, 0.28)])
+def test_gspo_matches_the_sequence_objective_in_value_and_gradient(gen, low, high):
+    mask = turn_mask(6, 20, gen)
+    logp0 = -torch.rand(6, 20, generator=gen, dtype=torch.float64) * 3
+    old_logp = logp0 + 0.02 * torch.randn(6, 20, generator=gen, dtype=torch.float64)
+    # One advantage per trajectory (an outcome estimator broadcasts it to every token).
+    adv = torch.randn(6, 1, generator=gen, dtype=torch.float64).expand(6, 20).clone()
+    logp = garbage_like(logp0, mask, gen).requires_grad_()
+    loss, metrics = gspo_policy_loss(
+        logp, old_logp, adv, mask, low, clip_eps_high=high, loss_agg_mode="token-mean"
+    )
+    assert loss.item() == pytest.approx(ref_gspo(logp0, old_logp, adv, mask, low, high))
+    loss.backward()
+    # The gradient is that of the sequence-level objective (1/B) sum_b max(-A s_b, -A clip(s_b)),
+    # s_b a differentiable function of the row's log-probs.
+    direct = logp0.clone().requires_grad_()
+    total, n_rows = 0.0, 0
+    for b in range(6):
+        m = mask[b]
+        if not m.any():
+            continue
+        s = torch.exp((direct[b][m] - old_logp[b][m]).mean())
+        a = adv[b, 0]
+        total = total + torch.maximum(-a * s, -a * s.clamp(1 - low, 1 + high))
+        n_rows += 1
+    (total / n_rows).backward()
+    assert_close(logp.grad, direct.grad)
+    assert (logp.grad[~mask] == 0).all()
+    assert 0 <= metrics["clip_frac"].item() <= 1 and metrics["seq_ratio_dev"].item() > 0
+    if low == 3e-4:  # GSPO's small ranges clip most sequences at a 0.02 log-prob noise
+        assert metrics["clip_frac"].item() > 0
+
+
+def test_gspo_equals_token_ppo_on_the_first_step_and_registry():
+    """At ratio 1 (the first minibatch of an iteration) GSPO and PPO give the same loss in
+    seq-mean-token-mean; the registry holds both under verl's loss_mode names."""
+    gen = torch.Generator().manual_seed(1)
+    mask = turn_mask(4, 12, gen)
+    logp = (-torch.rand(4, 12, generator=gen, dtype=torch.float64)).requires_grad_()
+    adv = torch.randn(4, 12, generator=gen, dtype=torch.float64)
+    agg = LossAgg(mode="seq-mean-token-mean")
+    gspo, _ = POLICY_LOSSES["gspo"](logp, logp.detach(), adv, mask, 3e-4, clip_eps_high=4e-4)
+    ppo, _ = POLICY_LOSSES["vanilla"](logp, logp.detach(), adv, mask, 0.2, normalizer=agg)
+    assert_close(gspo, ppo)
+    assert set(POLICY_LOSSES) == {"vanilla", "gspo"}
