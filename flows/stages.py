@@ -88,7 +88,7 @@ def train_ppo_mem1(
     root = Path(run_dir)
     out = root / (PPO_MEM1 if memory == "mem1" else PPO_FULL)
     init = root / WARM_START if has_warm_start(cfg) else None  # None: the pretrained model
-    result = train_rl(cfg, out, estimator="gae", resume=_resume(out), init=init, show=False)
+    result = train_rl(cfg, out, resume=_resume(out), init=init, show=False)
     publish_table(
         f"ppo-{memory}",
         metric_rows(result["metrics"]),

@@ -103,3 +103,72 @@ def test_renamed_fields_still_load_with_a_deprecation_warning(tmp_path):
     with pytest.raises(ValueError, match="keep resources.learner_cpus"):
         with pytest.warns(DeprecationWarning):
             load_config("tiny", None, ["ppo.learner_cpus=2", "resources.learner_cpus=3"])
+
+
+def test_the_rl_toolbox_names_match_the_registries():
+    # config checks names without importing the math: the lists must stay in step.
+    from mem1_core.config import training as config
+    from mem1_core.rl.estimators import ESTIMATORS
+    from mem1_core.rl.kl_control import KL_CONTROLLERS
+    from mem1_core.rl.losses import LOSS_AGG_MODES, POLICY_LOSSES
+    from mem1_core.rl.rollout_correction import ROLLOUT_IS_LEVELS
+
+    assert config.ADV_ESTIMATORS == tuple(ESTIMATORS)
+    assert config.POLICY_LOSSES == tuple(POLICY_LOSSES)
+    assert config.LOSS_AGG_MODES == LOSS_AGG_MODES
+    assert config.KL_CTRLS == tuple(KL_CONTROLLERS)
+    assert config.ROLLOUT_IS_LEVELS == ROLLOUT_IS_LEVELS
+
+
+def test_rl_toolbox_defaults_and_verl_meanings():
+    smoke = load_config("smoke")
+    ppo = smoke.ppo
+    assert (ppo.adv_estimator, ppo.policy_loss, ppo.loss_agg_mode) == (
+        "gae",
+        "vanilla",
+        "token-mean",
+    )
+    assert ppo.clip_range == (0.2, 0.2) and ppo.clip_ratio_c == 3.0  # verl's dual-clip default
+    assert (ppo.rollout_is, ppo.rollout_is_threshold, ppo.kl_ctrl) == (None, 2.0, "fixed")
+    # clip_eps is the symmetric shorthand; clip_ratio_low/high override one side each.
+    higher = load_config("smoke", None, ["ppo.clip_eps=0.1", "ppo.clip_ratio_high=0.28"]).ppo
+    assert higher.clip_range == (0.1, 0.28)
+    # GSPO's own small ranges unless set.
+    assert load_config("smoke", None, ["ppo.policy_loss=gspo"]).ppo.clip_range == (3e-4, 4e-4)
+    # Dr. GRPO's fixed normaliser: the trajectory's generation budget (verl: max response
+    # length), smoke at N=2: (1 + 2 * 2) turns x (32 + 8 * 2) tokens.
+    assert smoke.loss_scale_factor == 5 * 48
+    assert load_config("smoke", None, ["ppo.loss_scale_factor=100"]).loss_scale_factor == 100
+    assert load_config("smoke", None, ["ppo.clip_ratio_c=null"]).ppo.clip_ratio_c is None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["ppo.adv_estimator=ppo"], "ppo.adv_estimator='ppo': use one of gae, grpo"),
+        (["ppo.policy_loss=gpg"], "use one of vanilla, gspo"),
+        (["ppo.loss_agg_mode=token-sum"], "use one of token-mean, seq-mean-token-mean"),
+        (["ppo.kl_ctrl=pid"], "use one of fixed, adaptive"),
+        (["ppo.rollout_is=turn"], "use token, sequence, or null"),
+        (["ppo.rollout_is_threshold=0"], "must be > 0"),
+        (["ppo.loss_scale_factor=0"], "null for the trajectory's generation budget"),
+        (["ppo.clip_ratio_low=1.0"], r"0 < low < 1 and high > 0"),
+        (["ppo.clip_ratio_high=-0.1"], r"0 < low < 1 and high > 0"),
+        (["ppo.clip_ratio_c=0.9"], "needs c > 1.*null to turn dual-clip off"),
+        (["ppo.kl_ctrl=adaptive", "ppo.target_kl=0"], "target_kl > 0 and ppo.kl_horizon > 0"),
+        (["ppo.kl_ctrl=adaptive", "ppo.kl_coef=0"], "start it above 0"),
+    ],
+)
+def test_rl_toolbox_fields_reject_bad_values_with_the_fix(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        load_config("smoke", None, overrides)
+
+
+def test_trainer_shorthands_set_the_estimator_before_the_users_overrides():
+    from mem1_core.training.train_rl import TRAINER_DEFAULTS
+
+    assert load_config("smoke", None, list(TRAINER_DEFAULTS["ppo"])).ppo.adv_estimator == "gae"
+    grpo = load_config("smoke", None, list(TRAINER_DEFAULTS["grpo"])).ppo
+    assert (grpo.adv_estimator, grpo.samples_per_task, grpo.kl_in_loss) == ("grpo", 4, True)
+    rloo = load_config("smoke", None, [*TRAINER_DEFAULTS["grpo"], "ppo.adv_estimator=rloo"])
+    assert (rloo.ppo.adv_estimator, rloo.ppo.samples_per_task) == ("rloo", 4)

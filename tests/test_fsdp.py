@@ -242,11 +242,12 @@ def test_the_fsdp_group_updates_saves_and_restores_as_the_single_learner(
     from mem1_core.training.learner import Learner
 
     root, trajs = rolled
-    single = Learner(_config(), str(root), None, estimator, threads=1)
+    est = f"ppo.adv_estimator={estimator}"
+    single = Learner(_config(est), str(root), None, threads=1)
     before = {k: v.clone() for k, v in single.get_weights().items()}  # on CPU: not copies
     want = single.update(trajs, 0)
     want_weights = single.get_weights()
-    ranks = start_learner_group(_config(*FSDP), str(root), None, estimator)
+    ranks = start_learner_group(_config(*FSDP, est), str(root), None)
     try:
         got = _on_all(ranks, "update", trajs, 0)[0]
         weights, nothing = _on_all(ranks, "get_weights")
@@ -263,7 +264,7 @@ def test_the_fsdp_group_updates_saves_and_restores_as_the_single_learner(
         # A checkpoint in the single learner's files: what --init and evaluation read.
         path = Path(_on_all(ranks, "save", TrainState(1, 2.0, {"init": None}))[0])
         assert read_state(path).extra["learner_strategy"] == "fsdp"
-        warm = Learner(_config(), str(root), str(path / "policy"), estimator, threads=1)
+        warm = Learner(_config(est), str(root), str(path / "policy"), threads=1)
         _assert_same_weights(warm.get_weights(), weights, atol=0.0)
         if estimator == "gae":
             critic = Critic.load(path / "critic").state_dict()
@@ -329,7 +330,7 @@ def test_impossible_fsdp_settings_fail_with_the_way_out(tmp_path):
     cfg = load_config("smoke", None, FSDP)
     assert cfg.resources.learner_world == 2 and load_config("smoke").resources.learner_world == 1
     with pytest.raises(ValueError, match="Ray"):
-        Runtime.start(cfg, RunPaths(tmp_path), init=None, estimator="gae", use_ray=False)
+        Runtime.start(cfg, RunPaths(tmp_path), init=None, use_ray=False)
     for overrides, message in (
         (["resources.learner_strategy=fsdp", "resources.learner_gpus=1"], "one rank"),
         (["resources.learner_strategy=fsdp", "resources.learner_ranks=1"], "one rank"),

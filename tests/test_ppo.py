@@ -24,7 +24,7 @@ from mem1_core.rl.passes import (
     ppo_loss,
     score,
 )
-from mem1_core.rl.ppo import estimate_advantages, update
+from mem1_core.rl.ppo import correct_rollout, estimate_advantages, update
 from mem1_core.rollout.env import QAEnvironment
 from mem1_core.rollout.generation import HFBackend
 from mem1_core.rollout.loop import rollout
@@ -96,9 +96,16 @@ def params(models: Models) -> list[torch.Tensor]:
     return [p.detach().clone() for m in mods for p in m.parameters()]
 
 
-def prepared(models, trajs, pad_id, estimator="gae"):
+def prepared(models, trajs, pad_id, estimator="gae", cfg=PPO, gap=0.0):
+    """Scored targets; `gap`: noise of that size on the rollout's recorded log-probs (a
+    sampler that disagrees with the learner), for the rollout correction."""
     rb = make_rollout_batch(trajs, pad_id)
-    targets, _ = estimate_advantages(rb, score(models, rb, ATTN, 2), PPO, estimator)
+    if gap:
+        noise = gap * torch.randn(rb.rollout_logp.shape, generator=torch.Generator().manual_seed(0))
+        rb = dataclasses.replace(rb, rollout_logp=rb.rollout_logp + noise * rb.batch.loss_mask)
+    cfg = dataclasses.replace(cfg, adv_estimator=estimator)
+    targets, _ = correct_rollout(rb, score(models, rb, ATTN, 2), cfg)
+    targets, _ = estimate_advantages(rb, targets, cfg)
     return rb, targets
 
 
@@ -143,7 +150,6 @@ def test_update_with_zero_lr_changes_nothing(policy, trajs, small_tokenizer):
         optimizers(models, 0.0),
         trajs,
         PPO,
-        estimator="gae",
         attn=ATTN,
         pad_id=small_tokenizer.pad_token_id,
         guard=NonFiniteGuard(3),
@@ -157,16 +163,34 @@ def test_update_with_zero_lr_changes_nothing(policy, trajs, small_tokenizer):
         assert torch.equal(a, b)
 
 
-def test_micro_batches_give_the_full_batch_gradient(policy, trajs, small_tokenizer):
+# Options of issue 17 whose losses must stay exact under micro-batching: every mode divides
+# by the whole minibatch's counts, GSPO's sequence mean needs whole rows in a micro-batch.
+EXACT_OPTIONS = {
+    "token-mean": {},
+    "seq-mean-token-mean": {"loss_agg_mode": "seq-mean-token-mean"},
+    "seq-mean-token-sum": {"loss_agg_mode": "seq-mean-token-sum"},
+    "seq-mean-token-sum-norm": {
+        "loss_agg_mode": "seq-mean-token-sum-norm",
+        "loss_scale_factor": 64.0,
+    },
+    "gspo": {"policy_loss": "gspo", "clip_ratio_low": 0.05, "clip_ratio_high": 0.05},
+    "rollout_is": {"rollout_is": "token", "rollout_is_threshold": 1.05},
+    "clip-higher": {"clip_ratio_low": 0.1, "clip_ratio_high": 0.28, "clip_ratio_c": 1.5},
+}
+
+
+@pytest.mark.parametrize("option", EXACT_OPTIONS)
+def test_micro_batches_give_the_full_batch_gradient(policy, trajs, small_tokenizer, option):
     models = fresh(policy)
-    rb, targets = prepared(models, trajs, small_tokenizer.pad_token_id)
+    base = dataclasses.replace(PPO, **EXACT_OPTIONS[option])
+    rb, targets = prepared(models, trajs, small_tokenizer.pad_token_id, cfg=base, gap=0.1)
     with torch.no_grad():  # move away from the old policy so ratios differ from 1
         for p in models.policy.parameters():
             p.add_(0.05 * torch.randn_like(p))
     rows = torch.tensor([2, 0, 3, 1])
     grads = []
     for micro in (4, 2, 1):
-        cfg = dataclasses.replace(PPO, minibatch_size=4, micro_batch_size=micro)
+        cfg = dataclasses.replace(base, minibatch_size=4, micro_batch_size=micro)
         metrics, finite = accumulate_gradients(models, rb.batch, targets, rows, cfg, ATTN)
         assert finite
         mods = [models.policy, models.critic]
@@ -175,9 +199,12 @@ def test_micro_batches_give_the_full_batch_gradient(policy, trajs, small_tokeniz
             m.zero_grad(set_to_none=True)
     (full, full_metrics), *rest = grads
     assert float(full_metrics["clip_frac"]) > 0  # the clip is exercised
+    # float32 sums in another order: token sums per trajectory (seq-mean-token-sum) give
+    # gradients ~30x a token mean's, and so ~30x its rounding.
+    atol = 3e-5 if option == "seq-mean-token-sum" else 1e-6
     for micro_grads, metrics in rest:
         for a, b in zip(full, micro_grads, strict=True):
-            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+            torch.testing.assert_close(a, b, atol=atol, rtol=1e-4)
         for k, v in full_metrics.items():
             torch.testing.assert_close(metrics[k], v, atol=1e-6, rtol=1e-4)
 
@@ -215,7 +242,7 @@ def test_environment_tokens_never_reach_the_loss(policy, trajs, small_tokenizer)
         torch.where(env, 1e3, targets.old_values),
         targets.ref_logp,
     )
-    again, _ = estimate_advantages(rb, shifted, PPO, "gae")
+    again, _ = estimate_advantages(rb, shifted, PPO)
     torch.testing.assert_close(again.advantages, targets.advantages, atol=0, rtol=0)
     torch.testing.assert_close(again.returns, targets.returns, atol=0, rtol=0)
 
@@ -236,7 +263,7 @@ def test_nonfinite_loss_skips_the_update_and_is_counted(policy, trajs, small_tok
     opts, guard = optimizers(models, 1e-3), NonFiniteGuard(max_in_row=2)
     poison = [True]
     handle = _poison_hidden(models, poison)
-    kw = {"estimator": "gae", "attn": ATTN, "pad_id": small_tokenizer.pad_token_id, "guard": guard}
+    kw = {"attn": ATTN, "pad_id": small_tokenizer.pad_token_id, "guard": guard}
     before = params(models)
     stats = update(models, opts, trajs, PPO, **kw)
     assert (stats["skipped_steps"], stats["optimizer_steps"], guard.total) == (1, 0, 1)
@@ -267,7 +294,6 @@ def test_nonfinite_gradient_with_finite_loss_is_skipped(policy, trajs, small_tok
         optimizers(models, 1e-3),
         trajs,
         PPO,
-        estimator="gae",
         attn=ATTN,
         pad_id=small_tokenizer.pad_token_id,
         guard=guard,
@@ -282,7 +308,12 @@ def test_a_grpo_step_lowers_the_surrogate_and_favours_rewarded_samples(
 ):
     models = fresh(policy, critic=False)
     cfg = dataclasses.replace(
-        PPO, kl_coef=0.0, entropy_coef=0.0, minibatch_size=4, micro_batch_size=4
+        PPO,
+        kl_coef=0.0,
+        entropy_coef=0.0,
+        minibatch_size=4,
+        micro_batch_size=4,
+        adv_estimator="grpo",
     )
     rb, targets = prepared(models, trajs, small_tokenizer.pad_token_id, estimator="grpo")
     mask, adv = targets.loss_mask, targets.advantages
@@ -299,7 +330,6 @@ def test_a_grpo_step_lowers_the_surrogate_and_favours_rewarded_samples(
         optimizers(models, 1e-4),
         trajs,
         cfg,
-        estimator="grpo",
         attn=ATTN,
         pad_id=small_tokenizer.pad_token_id,
         guard=NonFiniteGuard(3),
@@ -381,8 +411,8 @@ def test_sequence_bucketing_changes_no_logprob_value_or_gradient(policy, trajs, 
         a, b = getattr(t1, name), getattr(t2, name)
         torch.testing.assert_close(b[:, :length], a, atol=1e-5, rtol=0)
         assert (b[:, length:] == 0).all()
-    t1, _ = estimate_advantages(plain, t1, PPO, "gae")
-    t2, _ = estimate_advantages(bucketed, t2, PPO, "gae")
+    t1, _ = estimate_advantages(plain, t1, PPO)
+    t2, _ = estimate_advantages(bucketed, t2, PPO)
     rows = torch.tensor([2, 0, 3, 1])
     m1, _ = accumulate_gradients(models, plain.batch, t1, rows, PPO, ATTN)
     g1 = _grads(models)
@@ -422,7 +452,7 @@ def test_flex_learner_on_cuda_equals_the_dense_cpu_learner(trajs, small_tokenize
     for name in ("old_logp", "ref_logp", "old_values"):
         got = getattr(t_gpu, name)[:, :length].cpu()
         torch.testing.assert_close(got, getattr(targets, name), atol=1e-4, rtol=0)
-    t_gpu, _ = estimate_advantages(rb_gpu, t_gpu, PPO, "gae")
+    t_gpu, _ = estimate_advantages(rb_gpu, t_gpu, PPO)
     with torch.no_grad():  # move away from the old policy so ratios differ from 1
         for a, b in zip(cpu.policy.parameters(), gpu.policy.parameters(), strict=True):
             a.add_(0.05 * torch.randn_like(a))
@@ -434,3 +464,110 @@ def test_flex_learner_on_cuda_equals_the_dense_cpu_learner(trajs, small_tokenize
     )
     for a, b in zip(_grads(cpu), _grads(gpu), strict=True):
         torch.testing.assert_close(b.cpu(), a, atol=1e-4, rtol=1e-3)
+
+
+# ------------------------------------------------ issue 17's options, through the config
+
+# The test's PPO settings as `--set` overrides on the smoke profile, so each option below
+# reaches the update as a user's `--set` does (config -> Learner.update -> update).
+BASE_SET = [
+    "ppo.minibatch_size=4",
+    "ppo.micro_batch_size=2",
+    "ppo.ppo_epochs=2",
+    "ppo.kl_coef=0.01",
+    "ppo.entropy_coef=0.01",
+]
+CRITIC_FREE = ("rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo_mean")
+OPTIONS = {
+    **{est: [f"ppo.adv_estimator={est}"] for est in CRITIC_FREE},
+    **{mode: [f"ppo.loss_agg_mode={mode}"] for mode in EXACT_OPTIONS if mode.startswith("seq")},
+    "clip-higher": ["ppo.clip_ratio_low=0.1", "ppo.clip_ratio_high=0.28"],
+    "no-dual-clip": ["ppo.clip_ratio_c=null"],
+    "rollout_is-token": ["ppo.rollout_is=token", "ppo.rollout_is_threshold=1.5"],
+    "rollout_is-sequence": ["ppo.rollout_is=sequence"],
+    "kl_ctrl-adaptive": ["ppo.kl_ctrl=adaptive", "ppo.target_kl=0.05", "ppo.kl_horizon=10"],
+    "gspo": ["ppo.policy_loss=gspo", "ppo.adv_estimator=grpo"],
+}
+
+
+def _learner(cfg, models, tokenizer):
+    """A mem1_core.training.learner.Learner around these models, as its constructor would
+    leave it (which would also build models and read a run directory's tokenizer)."""
+    import contextlib
+
+    from mem1_core.rl.passes import LOCAL
+    from mem1_core.training.learner import Learner
+
+    learner = Learner.__new__(Learner)
+    learner.cfg, learner.models, learner.tokenizer = cfg, models, tokenizer
+    learner.optimizers = optimizers(models, 1e-3)
+    learner.guard, learner.kl_coef = NonFiniteGuard(3), cfg.ppo.kl_coef
+    learner.split, learner.autocast = LOCAL, contextlib.nullcontext()
+    return learner
+
+
+@pytest.mark.parametrize("option", OPTIONS)
+def test_each_option_reaches_the_update_through_the_config(option, policy, trajs, small_tokenizer):
+    from mem1_core.config import load_config
+    from mem1_core.rl.estimators import get_estimator
+    from mem1_core.rl.kl_control import adaptive_kl_coef
+
+    cfg = load_config("smoke", None, [*BASE_SET, *OPTIONS[option]])
+    models = fresh(policy, critic=get_estimator(cfg.ppo.adv_estimator).uses_critic)
+    learner = _learner(cfg, models, small_tokenizer)
+    before = params(models)
+    stats = learner.update(trajs, 0)
+    assert stats["optimizer_steps"] == 2 and stats["skipped_steps"] == 0
+    assert not all(torch.equal(a, b) for a, b in zip(before, params(models), strict=True))
+    assert ("vf_loss" in stats) == (cfg.ppo.adv_estimator == "gae")
+    assert ("dual_clip_frac" in stats) == (option not in ("no-dual-clip", "gspo"))
+    assert ("seq_ratio_dev" in stats) == (option == "gspo")
+    assert ("rollout_is_mean" in stats) == option.startswith("rollout_is")
+    if option.startswith("rollout_is"):  # same weights, same numerics: w = 1, none truncated
+        assert stats["rollout_is_threshold"] == cfg.ppo.rollout_is_threshold
+        assert stats["rollout_is_truncated_frac"] == 0.0
+        assert stats["rollout_is_mean"] == pytest.approx(1.0, abs=1e-4)
+    if get_estimator(cfg.ppo.adv_estimator).whiten:
+        assert abs(stats["advantage_mean"]) < 1e-5  # whitened over the batch
+    assert stats["kl_coef"] == 0.01  # the coefficient this update used
+    if option == "kl_ctrl-adaptive":  # the next one, from this batch's KL (0: policy = ref)
+        want = adaptive_kl_coef(0.01, stats["kl_ctrl_measured"], len(trajs), 0.05, 10)
+        assert learner.kl_coef == pytest.approx(want) and learner.kl_coef < 0.01
+    else:
+        assert learner.kl_coef == 0.01
+
+
+@pytest.mark.parametrize(
+    "option", ["token-mean", "seq-mean-token-sum-norm", "gspo", "rollout_is", "clip-higher"]
+)
+def test_ppo_loss_wires_the_config_into_the_pure_losses(policy, trajs, small_tokenizer, option):
+    from mem1_core.rl.losses import POLICY_LOSSES, LossAgg, clipped_value_loss, entropy_bonus
+
+    cfg = dataclasses.replace(PPO, **EXACT_OPTIONS[option])
+    models = fresh(policy)
+    rb, t = prepared(models, trajs, small_tokenizer.pad_token_id, cfg=cfg, gap=0.1)
+    out = forward_tree(models.policy, rb.batch, ATTN, with_entropy=True)
+    logp = out.logprobs + 0.05 * torch.randn(out.logprobs.shape)  # ratios away from 1
+    values = models.critic(rb.batch, ATTN)
+    agg = LossAgg.of(t.loss_mask, cfg.loss_agg_mode, cfg.loss_scale_factor)
+    got, _ = ppo_loss(logp, out.entropy, values, t, cfg, agg)
+    low, high = cfg.clip_range
+    pg, _ = POLICY_LOSSES[cfg.policy_loss](
+        logp,
+        t.old_logp,
+        t.advantages,
+        t.loss_mask,
+        low,
+        clip_eps_high=high,
+        dual_clip=cfg.clip_ratio_c,
+        is_weights=t.is_weights,
+        normalizer=agg,
+    )
+    vf, _ = clipped_value_loss(
+        values, t.old_values, t.returns, t.loss_mask, cfg.value_clip_eps, normalizer=agg
+    )
+    ent = entropy_bonus(out.entropy, t.loss_mask, agg)
+    torch.testing.assert_close(got, pg + vf - cfg.entropy_coef * ent)
+    assert (t.is_weights is not None) == (option == "rollout_is")
+    if option == "rollout_is":  # a 0.1 gap and a cap of 1.05: some weights truncated
+        assert (t.is_weights[t.loss_mask] == 1.05).any()

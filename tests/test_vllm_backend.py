@@ -144,7 +144,7 @@ def test_vllm_rollouts_without_vllm_say_which_venv(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "vllm", None)
     cfg = load_config("smoke", overrides=["rollout.backend=vllm"])
     with pytest.raises(ImportError, match=r"\.venv-vllm/bin/mem1 train.*rollout\.backend=hf"):
-        Runtime.start(cfg, RunPaths(tmp_path), init=None, estimator="gae", use_ray=False)
+        Runtime.start(cfg, RunPaths(tmp_path), init=None, use_ray=False)
     assert not any(tmp_path.iterdir())
 
 

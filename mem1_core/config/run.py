@@ -31,3 +31,11 @@ class Config(Section):
     ppo: PPOConfig = field(default_factory=PPOConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+
+    @property
+    def loss_scale_factor(self) -> float:
+        """seq-mean-token-sum-norm's fixed normaliser: ppo.loss_scale_factor, else the most
+        tokens a training trajectory can generate (verl's max response length)."""
+        if self.ppo.loss_scale_factor is not None:
+            return self.ppo.loss_scale_factor
+        return float(self.rollout.max_generated_tokens(self.data.train_objectives))

@@ -253,6 +253,10 @@ class RolloutConfig(Section):
     def max_new_tokens(self, n_objectives: int) -> int:
         return self.gen_tokens_base + self.gen_tokens_per_objective * n_objectives
 
+    def max_generated_tokens(self, n_objectives: int) -> int:
+        """The most tokens one trajectory can generate: every turn at its token budget."""
+        return self.max_turns(n_objectives) * self.max_new_tokens(n_objectives)
+
 
 @dataclass(frozen=True)
 class TeacherConfig(Section):

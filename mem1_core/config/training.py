@@ -41,6 +41,29 @@ class SFTConfig(Section):
     grad_clip: float = 1.0
 
 
+# The names of each family, checked here without importing the math (tests/test_config.py
+# checks they match mem1_core.rl's registries).
+ADV_ESTIMATORS = (
+    "gae",
+    "grpo",
+    "grpo_mean",
+    "rloo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+)
+POLICY_LOSSES = ("vanilla", "gspo")
+LOSS_AGG_MODES = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+)
+KL_CTRLS = ("fixed", "adaptive")
+ROLLOUT_IS_LEVELS = ("token", "sequence")
+GSPO_CLIP_RANGE = (3e-4, 4e-4)
+"""GSPO's (low, high) clip of the sequence ratio (Zheng et al. 2025, §5.1)."""
+
+
 @dataclass(frozen=True)
 class PPOConfig(Section):
     """PPO / GRPO over masked trajectories (the paper's defaults where they apply)."""
@@ -54,13 +77,58 @@ class PPOConfig(Section):
     actor_lr: float = 1e-4
     critic_lr: float = 1e-4
     kl_coef: float = 1e-3
+    """The KL coefficient (verl: algorithm.kl_ctrl.kl_coef, or actor.kl_loss_coef with the KL
+    as a loss term); under `kl_ctrl=adaptive` its starting value."""
     kl_kind: str = "k1"
     kl_in_loss: bool = False
     """GRPO style: the KL is a loss term instead of a reward penalty."""
     gamma: float = 1.0
     lam: float = 1.0
     clip_eps: float = 0.2
+    """The symmetric PPO clip (verl: actor.clip_ratio); clip_ratio_low / _high override a side."""
     value_clip_eps: float = 0.2
+    # -- the RL toolbox of issue 17, under verl's names and meanings (README, "Training") --
+    adv_estimator: str = "gae"
+    """The advantage estimator (verl: algorithm.adv_estimator; mem1_core.rl.estimators): `gae`
+    (PPO with a critic, the paper's), `grpo`, `grpo_mean` (Dr. GRPO: no std division),
+    `rloo`, `reinforce_plus_plus`, `reinforce_plus_plus_baseline`. `mem1 train ppo` sets
+    gae and `mem1 train grpo` grpo, before any --set."""
+    policy_loss: str = "vanilla"
+    """`vanilla` (token-level PPO clip) or `gspo` (GSPO's sequence-level ratio over the whole
+    trajectory; verl: actor.policy_loss.loss_mode)."""
+    loss_agg_mode: str = "token-mean"
+    """How per-token losses become a scalar (verl: actor.loss_agg_mode): `token-mean`,
+    `seq-mean-token-mean`, `seq-mean-token-sum` or `seq-mean-token-sum-norm` (Dr. GRPO: each
+    trajectory's token sum / loss_scale_factor). Applies to the policy, value, entropy and KL
+    terms, as in verl; `policy_loss=gspo`'s own term is always seq-mean-token-mean (verl)."""
+    loss_scale_factor: float | None = None
+    """seq-mean-token-sum-norm's fixed normaliser (verl: actor.loss_scale_factor). None: the
+    most tokens a training trajectory can generate, rollout.max_turns(N) *
+    rollout.max_new_tokens(N) at N = data.train_objectives (verl's max response length)."""
+    clip_ratio_low: float | None = None
+    """Lower side of the ratio clip, 1 - low (verl: actor.clip_ratio_low). None: clip_eps
+    (under policy_loss=gspo: 3e-4, GSPO §5.1)."""
+    clip_ratio_high: float | None = None
+    """Upper side, 1 + high; larger than low is DAPO's clip-higher (verl: 0.28 in its DAPO
+    recipe). None: clip_eps (under policy_loss=gspo: 4e-4, GSPO §5.1)."""
+    clip_ratio_c: float | None = 3.0
+    """Dual-clip (Ye et al. 2020; verl: actor.clip_ratio_c, default 3.0): a
+    negative-advantage token's loss is capped at -A * c. On by default, as verl's vanilla loss
+    always applies it: it only binds where a ratio exceeds c, which a healthy on-policy step
+    never reaches, so the paper's objective is unchanged. None turns it off; `gspo` ignores it."""
+    rollout_is: str | None = None
+    """Truncated importance sampling of the rollout/learner log-prob gap (verl:
+    algorithm.rollout_correction.rollout_is): None (off), `token` or `sequence` (one weight
+    per trajectory); mem1_core.rl.rollout_correction."""
+    rollout_is_threshold: float = 2.0
+    """The truncation cap of those weights (verl's default 2.0)."""
+    kl_ctrl: str = "fixed"
+    """`fixed` or `adaptive` (verl: algorithm.kl_ctrl.type; mem1_core.rl.kl_control): the
+    adaptive controller moves kl_coef once per iteration towards `target_kl`."""
+    target_kl: float = 0.1
+    """`adaptive`: the KL per token the controller aims at (verl: kl_ctrl.target_kl)."""
+    kl_horizon: int = 10000
+    """`adaptive`: trajectories over which the coefficient may move by 20% (verl: kl_ctrl.horizon)."""
     entropy_coef: float = 0.0
     ppo_epochs: int = 2
     minibatch_size: int = 16
@@ -72,11 +140,72 @@ class PPOConfig(Section):
     eval_every: int = 0
     """Greedy evaluation on held-out tasks every K iterations (0: only at the end)."""
 
+    @property
+    def clip_range(self) -> tuple[float, float]:
+        """(low, high): the policy ratio is clipped to [1 - low, 1 + high]."""
+        gspo = self.policy_loss == "gspo"
+        low = self.clip_ratio_low
+        high = self.clip_ratio_high
+        if low is None:
+            low = GSPO_CLIP_RANGE[0] if gspo else self.clip_eps
+        if high is None:
+            high = GSPO_CLIP_RANGE[1] if gspo else self.clip_eps
+        return low, high
+
     def __post_init__(self) -> None:
         if self.minibatch_size % self.micro_batch_size:
             raise ValueError("ppo.minibatch_size must be a multiple of ppo.micro_batch_size")
         if self.kl_kind not in ("k1", "k2", "k3"):
             raise ValueError("ppo.kl_kind: use k1, k2 or k3")
+        self._check_toolbox()
+
+    def _check_toolbox(self) -> None:
+        for name, allowed in (
+            ("adv_estimator", ADV_ESTIMATORS),
+            ("policy_loss", POLICY_LOSSES),
+            ("loss_agg_mode", LOSS_AGG_MODES),
+            ("kl_ctrl", KL_CTRLS),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"ppo.{name}={getattr(self, name)!r}: use one of {', '.join(allowed)}"
+                )
+        if self.rollout_is is not None and self.rollout_is not in ROLLOUT_IS_LEVELS:
+            raise ValueError(
+                f"ppo.rollout_is={self.rollout_is!r}: use token, sequence, or null (off)"
+            )
+        if self.rollout_is_threshold <= 0:
+            raise ValueError(
+                f"ppo.rollout_is_threshold={self.rollout_is_threshold}: the cap of the "
+                "importance weights must be > 0 (verl's default is 2.0)"
+            )
+        if self.loss_scale_factor is not None and self.loss_scale_factor <= 0:
+            raise ValueError(
+                f"ppo.loss_scale_factor={self.loss_scale_factor}: use a number of tokens > 0, "
+                "or null for the trajectory's generation budget"
+            )
+        low, high = self.clip_range
+        if not 0.0 < low < 1.0 or high <= 0.0:
+            raise ValueError(
+                f"ppo.clip_ratio_low={low} / ppo.clip_ratio_high={high}: the ratio is clipped "
+                "to [1 - low, 1 + high]; use 0 < low < 1 and high > 0 (or ppo.clip_eps for both)"
+            )
+        if self.clip_ratio_c is not None and self.clip_ratio_c <= 1.0:
+            raise ValueError(
+                f"ppo.clip_ratio_c={self.clip_ratio_c}: dual-clip caps the loss at -A * c and "
+                "needs c > 1 (verl's default is 3.0); set it to null to turn dual-clip off"
+            )
+        if self.kl_ctrl == "adaptive":
+            if self.target_kl <= 0 or self.kl_horizon <= 0:
+                raise ValueError(
+                    f"ppo.kl_ctrl=adaptive needs ppo.target_kl > 0 and ppo.kl_horizon > 0 "
+                    f"(got {self.target_kl}, {self.kl_horizon}; verl's defaults: 0.1, 10000)"
+                )
+            if self.kl_coef <= 0:
+                raise ValueError(
+                    "ppo.kl_ctrl=adaptive multiplies ppo.kl_coef up or down: start it above 0 "
+                    "(the paper's 1e-3), or use ppo.kl_ctrl=fixed"
+                )
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,8 @@ class Targets:
     returns: Tensor
     old_values: Tensor | None
     ref_logp: Tensor | None
+    is_weights: Tensor | None = None
+    """Truncated importance weights of the rollout correction (`ppo.rollout_is`), or None."""
 
     def rows(self, rows: Tensor, length: int) -> Targets:
         def pick(x: Tensor | None) -> Tensor | None:
@@ -109,8 +111,11 @@ def micro_batches(
     return [(m, cut_length(batch, m, seq_bucket)) for m in rows.split(size)]
 
 
-def batch_stats(rb: RolloutBatch, t: Targets, rewards: Tensor) -> dict[str, float]:
-    """What the iteration's data looked like before the update (all over generated tokens)."""
+def batch_stats(
+    rb: RolloutBatch, t: Targets, rewards: Tensor, kl_kind: str = "k1"
+) -> dict[str, float]:
+    """What the iteration's data looked like before the update (all over generated tokens).
+    `kl_kind`: the estimator of the KL the adaptive controller reads (`kl_ctrl_measured`)."""
     mask = t.loss_mask
     gap = (t.old_logp - rb.rollout_logp).abs()
     stats = {
@@ -131,6 +136,12 @@ def batch_stats(rb: RolloutBatch, t: Targets, rewards: Tensor) -> dict[str, floa
         stats[f"logp_mismatch_max/turn_{k}"] = x
     if t.ref_logp is not None:
         stats["kl_ref"] = float(masked_mean(kl_estimate(t.old_logp, t.ref_logp, "k1"), mask))
+        # What the adaptive KL controller reads (mem1_core.rl.kl_control): the kl_kind
+        # estimate, a token mean per trajectory, then the mean over trajectories (verl).
+        kl = kl_estimate(
+            torch.where(mask, t.old_logp, 0), torch.where(mask, t.ref_logp, 0), kl_kind
+        )
+        stats["kl_ctrl_measured"] = float(masked_mean(kl, mask, dim=1).mean())
     if t.old_values is not None:
         stats["value_mean"] = float(masked_mean(t.old_values, mask))
         stats["return_mean"] = float(masked_mean(t.returns, mask))

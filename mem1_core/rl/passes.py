@@ -6,9 +6,10 @@ How the passes are split over processes is one hook, `Split`: the single learner
 row itself (`LOCAL`); an FSDP rank runs its share and sums over ranks
 (mem1_core.training.fsdp_learner.RankSplit).
 
-- Micro-batching is exact: every loss divides by the generated-token count of the whole
-  minibatch (`normalizer`), so the summed micro-batch gradients equal the full batch's,
-  and, split over ranks, so does the sum of the ranks' gradients.
+- Micro-batching is exact: every loss divides by the generated-token and trajectory counts
+  of the whole minibatch (`minibatch_agg`, a LossAgg), so the summed micro-batch gradients
+  equal the full batch's in every `ppo.loss_agg_mode` (a trajectory never straddles two
+  micro-batches), and, split over ranks, so does the sum of the ranks' gradients.
 - A non-finite loss or gradient norm skips the optimiser step (no parameter moves), is
   logged and counted; `max_nonfinite_in_row` skipped steps in a row raise NonFiniteError.
 """
@@ -28,7 +29,13 @@ from torch import Tensor, nn
 from mem1_core.config import PPOConfig
 from mem1_core.models.model import is_checkpointing
 from mem1_core.rl.batch import Models, RolloutBatch, Targets, micro_batches, select_rows
-from mem1_core.rl.losses import clipped_policy_loss, clipped_value_loss, entropy_bonus, kl_loss
+from mem1_core.rl.losses import (
+    POLICY_LOSSES,
+    LossAgg,
+    clipped_value_loss,
+    entropy_bonus,
+    kl_loss,
+)
 from mem1_core.trajectory.logprobs import Attn, forward_tree, tree_attention_mask
 from mem1_core.trajectory.tree import FlatBatch
 
@@ -169,19 +176,38 @@ def score(
     return Targets(rb.batch.loss_mask, old, zeros, zeros, values, ref)
 
 
+def minibatch_agg(t: Targets, rows: Tensor, cfg: PPOConfig) -> LossAgg:
+    """How the losses of minibatch `rows` aggregate (`cfg.loss_agg_mode`), over its counts."""
+    if cfg.loss_agg_mode == "seq-mean-token-sum-norm" and cfg.loss_scale_factor is None:
+        raise ValueError(
+            "ppo.loss_agg_mode=seq-mean-token-sum-norm needs ppo.loss_scale_factor; the "
+            "learner fills it from the rollout budget (Config.loss_scale_factor)"
+        )
+    return LossAgg.of(t.loss_mask[rows], cfg.loss_agg_mode, cfg.loss_scale_factor)
+
+
 def ppo_loss(
     logp: Tensor,
     entropy: Tensor | None,
     values: Tensor | None,
     t: Targets,
     cfg: PPOConfig,
-    normalizer: int | Tensor,
+    normalizer: LossAgg,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The minibatch objective on one micro-batch. logp, entropy, values: (b, l) and the
     matching Targets -> scalar loss (policy + value + KL/entropy terms), metrics. Only
-    generated tokens enter; `normalizer` is the whole minibatch's generated-token count."""
-    loss, m = clipped_policy_loss(
-        logp, t.old_logp, t.advantages, t.loss_mask, cfg.clip_eps, normalizer=normalizer
+    generated tokens enter; `normalizer` holds the whole minibatch's counts (minibatch_agg)."""
+    low, high = cfg.clip_range
+    loss, m = POLICY_LOSSES[cfg.policy_loss](
+        logp,
+        t.old_logp,
+        t.advantages,
+        t.loss_mask,
+        low,
+        clip_eps_high=high,
+        dual_clip=cfg.clip_ratio_c,
+        is_weights=t.is_weights,
+        normalizer=normalizer,
     )
     metrics = {"pg_loss": loss.detach(), **m}
     if values is not None:
@@ -215,7 +241,7 @@ def accumulate_gradients(
 ) -> tuple[dict[str, Tensor], bool]:
     """Backward of one minibatch (`rows`; this process's share of it), micro-batch by
     micro-batch, into `.grad`. -> the summed metrics, and whether every loss was finite."""
-    normalizer = t.loss_mask[rows].sum().clamp_min(1)  # the whole minibatch's count
+    normalizer = minibatch_agg(t, rows, cfg)  # the whole minibatch's counts
     total: dict[str, Tensor] = {}
     finite = True
     for micro, n, real in split.micro_batches(rows, cfg.micro_batch_size, batch, seq_bucket):

@@ -2,9 +2,12 @@
 
 `update` reads top to bottom: trajectories -> one flattened tree per trajectory ->
 old log-probs, reference log-probs and values (one no-grad pass each over the trees) ->
-token rewards (task score on the last generated token, minus kl_coef * KL to the reference
-unless the KL is a loss term) -> advantages (GAE over generated tokens, or group-relative)
--> PPO epochs over shuffled minibatches, each accumulated over micro-batches.
+the rollout correction (optional truncated importance weights of the sampler/learner gap)
+-> token rewards (task score on the last generated token, minus kl_coef * KL to the
+reference unless the KL is a loss term) -> advantages (`ppo.adv_estimator`: GAE over
+generated tokens, group-relative, leave-one-out, REINFORCE++) -> PPO epochs over shuffled
+minibatches, each accumulated over micro-batches, with `ppo.policy_loss` (token-level PPO
+clip or GSPO's sequence ratio) aggregated by `ppo.loss_agg_mode`.
 
 Choices and departures:
 - Old log-probs are recomputed by the learner over the tree, not taken from the rollout;
@@ -23,6 +26,7 @@ Choices and departures:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -33,17 +37,27 @@ from mem1_core.rl.advantages import masked_whiten, token_rewards
 from mem1_core.rl.batch import Models, RolloutBatch, Targets, batch_stats, make_rollout_batch
 from mem1_core.rl.estimators import get_estimator
 from mem1_core.rl.passes import LOCAL, NonFiniteGuard, Split, ppo_epochs, score
+from mem1_core.rl.rollout_correction import rollout_is_weights
 from mem1_core.trajectory.record import Trajectory
 
 
-def estimate_advantages(
-    rb: RolloutBatch, t: Targets, cfg: PPOConfig, estimator: str
-) -> tuple[Targets, Tensor]:
-    """Token rewards -> advantages and returns. -> `t` with them filled in, and the (B, L)
-    token rewards (for logging)."""
+def correct_rollout(rb: RolloutBatch, t: Targets, cfg: PPOConfig) -> tuple[Targets, dict]:
+    """`ppo.rollout_is`: the truncated importance weights of the learner's old log-probs
+    against the rollout's recorded ones. -> `t` with them (unchanged when off), metrics."""
+    if cfg.rollout_is is None:
+        return t, {}
+    weights, metrics = rollout_is_weights(
+        t.old_logp, rb.rollout_logp, t.loss_mask, cfg.rollout_is, cfg.rollout_is_threshold
+    )
+    return dataclasses.replace(t, is_weights=weights), {k: float(v) for k, v in metrics.items()}
+
+
+def estimate_advantages(rb: RolloutBatch, t: Targets, cfg: PPOConfig) -> tuple[Targets, Tensor]:
+    """Token rewards -> advantages and returns (`cfg.adv_estimator`). -> `t` with them filled
+    in, and the (B, L) token rewards (for logging)."""
     kl_coef = 0.0 if cfg.kl_in_loss or t.ref_logp is None else cfg.kl_coef
     rewards = token_rewards(rb.scores, t.loss_mask, t.old_logp, t.ref_logp, kl_coef, cfg.kl_kind)
-    est = get_estimator(estimator)
+    est = get_estimator(cfg.adv_estimator)
     adv, returns = est.fn(
         rewards=rewards,
         values=t.old_values,
@@ -55,7 +69,7 @@ def estimate_advantages(
     )
     if est.whiten:
         adv = masked_whiten(adv, t.loss_mask)
-    return Targets(t.loss_mask, t.old_logp, adv, returns, t.old_values, t.ref_logp), rewards
+    return dataclasses.replace(t, advantages=adv, returns=returns), rewards
 
 
 def update(
@@ -64,7 +78,6 @@ def update(
     trajs: list[Trajectory],
     cfg: PPOConfig,
     *,
-    estimator: str,
     attn: str,
     pad_id: int,
     guard: NonFiniteGuard,
@@ -73,11 +86,14 @@ def update(
     seq_bucket: int = 1,
     split: Split = LOCAL,
 ) -> dict[str, Any]:
-    """One learner update on one iteration's trajectories. -> stats (floats).
+    """One learner update on one iteration's trajectories with `cfg` (its kl_coef the
+    controller's current one, its loss_scale_factor resolved). -> stats (floats).
     seq_bucket: pad flattened batches to a multiple of it (ModelConfig.seq_bucket).
     split: how the passes are split over processes (an FSDP rank's RankSplit; LOCAL: none)."""
-    if get_estimator(estimator).uses_critic != (models.critic is not None):
-        raise ValueError(f"estimator {estimator!r} and the presence of a critic disagree")
+    if get_estimator(cfg.adv_estimator).uses_critic != (models.critic is not None):
+        raise ValueError(
+            f"ppo.adv_estimator={cfg.adv_estimator!r} and the presence of a critic disagree"
+        )
     device = next(models.policy.parameters()).device
     rb = make_rollout_batch(trajs, pad_id, device, seq_bucket)
     targets = score(
@@ -89,8 +105,10 @@ def update(
         seq_bucket=seq_bucket,
         split=split,
     )
-    targets, rewards = estimate_advantages(rb, targets, cfg, estimator)
-    stats = batch_stats(rb, targets, rewards)
+    targets, correction = correct_rollout(rb, targets, cfg)
+    targets, rewards = estimate_advantages(rb, targets, cfg)
+    stats = batch_stats(rb, targets, rewards, cfg.kl_kind) | correction
+    stats["kl_coef"] = cfg.kl_coef
     stats |= ppo_epochs(
         models,
         optimizers,

@@ -159,12 +159,11 @@ class LearnerRank(Learner):
         cfg: Config,
         run_root: str,
         init: str | None,
-        estimator: str,
         rank: int,
         world: int,
         threads: int | None = None,
     ):
-        self._setup(cfg, run_root, init, estimator, threads)
+        self._setup(cfg, run_root, init, threads)
         self.me = Rank(rank, world)
         self._store: Any = None
 
@@ -307,7 +306,7 @@ class LearnerRank(Learner):
         return weights, optim
 
 
-def start_learner_group(cfg: Config, run_root: str, init: str | None, estimator: str) -> list[Any]:
+def start_learner_group(cfg: Config, run_root: str, init: str | None) -> list[Any]:
     """Start `cfg.resources.learner_world` LearnerRank actors (each asking for `learner_cpus` CPUs
     and one GPU when the learner has GPUs), form their process group and load the models.
     -> the actors, rank 0 first. Ray must be running (mem1_core.training.ray_start.start_ray)."""
@@ -323,9 +322,7 @@ def start_learner_group(cfg: Config, run_root: str, init: str | None, estimator:
         num_cpus=resources.learner_cpus, num_gpus=resources.learner_gpus / world
     )
     threads = max(1, int(resources.learner_cpus))
-    ranks = [
-        rank_cls.remote(cfg, run_root, init, estimator, r, world, threads) for r in range(world)
-    ]
+    ranks = [rank_cls.remote(cfg, run_root, init, r, world, threads) for r in range(world)]
     host, port = ray.get(ranks[0].rendezvous.remote())
     ray.get([r.connect.remote(host, port) for r in ranks])
     log.info("FSDP learner group: %d ranks, rendezvous at %s:%d", world, host, port)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from mem1_core.models.model import enable_gradient_checkpointing, master_weights
 from mem1_core.rl.batch import Models
 from mem1_core.rl.critic import VALUE_HEAD_FILE, Critic
 from mem1_core.rl.estimators import get_estimator
+from mem1_core.rl.kl_control import KL_CONTROLLERS
 from mem1_core.rl.passes import LOCAL, NonFiniteGuard, Split
 from mem1_core.rl.ppo import update
 from mem1_core.runs.assets import ensure_tokenizer, load_policy
@@ -49,7 +51,10 @@ def check_resumable(ckpt: Path, state: TrainState, estimator: str, strategy: str
     single learner keys its optimiser state by position, the FSDP group by parameter name."""
     saved = state.extra.get("estimator", estimator)
     if saved != estimator:
-        raise ValueError(f"{ckpt} was trained with estimator {saved!r}, not {estimator!r}")
+        raise ValueError(
+            f"{ckpt} was trained with estimator {saved!r}, not {estimator!r}: resume it with "
+            f"ppo.adv_estimator={saved}, or start a new run from its weights (--init)"
+        )
     written = state.extra.get("learner_strategy", "single")
     if written != strategy:
         raise ValueError(
@@ -71,20 +76,20 @@ class Learner:
         cfg: Config,
         run_root: str,
         init: str | None = None,
-        estimator: str = "gae",
         threads: int | None = None,
     ):
-        self._setup(cfg, run_root, init, estimator, threads)
+        self._setup(cfg, run_root, init, threads)
         self._build(actor_device(cfg.resources.learner_gpus))
 
-    def _setup(
-        self, cfg: Config, run_root: str, init: str | None, estimator: str, threads: int | None
-    ) -> None:
+    def _setup(self, cfg: Config, run_root: str, init: str | None, threads: int | None) -> None:
         set_threads(threads)
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # one "Writing model shards" bar per checkpoint
-        self.cfg, self.estimator = cfg, estimator
+        self.cfg = cfg
+        # The KL coefficient of the next update: the KL controller moves it after each one
+        # (every rank measures the same KL), checkpoints carry it (mem1_core.rl.kl_control).
+        self.kl_coef = cfg.ppo.kl_coef
         self.paths = RunPaths(Path(run_root))
         self.init = None if init is None else Path(init)
         self.split: Split = LOCAL
@@ -98,7 +103,7 @@ class Learner:
         policy = load_policy(cfg, self.tokenizer, self.init, device)
         reference = copy.deepcopy(policy).requires_grad_(False)
         critic = None
-        if get_estimator(self.estimator).uses_critic:
+        if get_estimator(cfg.ppo.adv_estimator).uses_critic:
             saved = self.init.parent / "critic" if self.init is not None else None
             if saved is not None and (saved / VALUE_HEAD_FILE).is_file():
                 critic = Critic.load(saved, cfg.model.dtype, cfg.model.attn)
@@ -132,18 +137,21 @@ class Learner:
         self.__init__(*args)
 
     def update(self, trajs: list[Trajectory], iteration: int) -> dict[str, Any]:
-        """mem1_core.rl.ppo.update with this learner's models, optimisers and run settings.
+        """mem1_core.rl.ppo.update with this learner's models, optimisers and run settings, at
+        the current KL coefficient, which the KL controller then moves from the batch's KL.
         The minibatch order is seeded per iteration: the same after a resume and on every
         rank."""
         t0 = time.perf_counter()
         cfg = self.cfg
+        ppo = dataclasses.replace(
+            cfg.ppo, kl_coef=self.kl_coef, loss_scale_factor=cfg.loss_scale_factor
+        )
         with self.autocast:
             stats = update(
                 self.models,
                 self.optimizers,
                 trajs,
-                cfg.ppo,
-                estimator=self.estimator,
+                ppo,
                 attn=cfg.model.attn,
                 pad_id=self.tokenizer.pad_token_id,
                 guard=self.guard,
@@ -151,6 +159,10 @@ class Learner:
                 temperature=cfg.rollout.temperature or 1.0,
                 seq_bucket=cfg.model.seq_bucket,
                 split=self.split,
+            )
+        if "kl_ctrl_measured" in stats:  # a learner without a reference has no KL to control
+            self.kl_coef = KL_CONTROLLERS[ppo.kl_ctrl](
+                self.kl_coef, stats["kl_ctrl_measured"], len(trajs), ppo.target_kl, ppo.kl_horizon
             )
         return stats | {"update_seconds": time.perf_counter() - t0}
 
@@ -166,7 +178,8 @@ class Learner:
         extra = state.extra | {
             "nonfinite_total": self.guard.total,
             "nonfinite_in_row": self.guard.in_row,
-            "estimator": self.estimator,
+            "estimator": self.cfg.ppo.adv_estimator,
+            "kl_coef": self.kl_coef,
             "learner_strategy": self.strategy,
         }
         out = save_checkpoint(
@@ -189,15 +202,17 @@ class Learner:
 
     def restore(self, path: str) -> TrainState:
         """Load a checkpoint this estimator and learner strategy wrote: weights, optimiser
-        states, RNG and the non-finite counters."""
+        states, RNG, the non-finite counters and the KL coefficient the controller reached."""
         ckpt = Path(path)
         if not (ckpt / STATE_FILE).is_file():
             raise FileNotFoundError(f"{ckpt} is not a checkpoint (no {STATE_FILE})")
         state = read_state(ckpt)
-        check_resumable(ckpt, state, self.estimator, self.strategy)
+        check_resumable(ckpt, state, self.cfg.ppo.adv_estimator, self.strategy)
         self._load_checkpoint(ckpt)
         self.guard.total = int(state.extra.get("nonfinite_total", 0))
         self.guard.in_row = int(state.extra.get("nonfinite_in_row", 0))
+        if self.cfg.ppo.kl_ctrl == "adaptive":  # a fixed coefficient is the config's
+            self.kl_coef = float(state.extra.get("kl_coef", self.cfg.ppo.kl_coef))
         return state
 
     def _load_checkpoint(self, ckpt: Path) -> None:

@@ -63,7 +63,6 @@ class Runtime:
         paths: RunPaths,
         *,
         init: Path | None,
-        estimator: str,
         use_ray: bool = True,
         log_to_driver: bool = False,
     ) -> Runtime:
@@ -81,7 +80,7 @@ class Runtime:
             workers = [
                 RolloutWorker(cfg, root, init_s) for _ in range(resources.num_rollout_workers)
             ]
-            return cls(workers, [Learner(cfg, root, init_s, estimator)], remote=False)
+            return cls(workers, [Learner(cfg, root, init_s)], remote=False)
         import ray
 
         from mem1_core.retrieval.ray_actor import start_retriever_actor
@@ -94,7 +93,7 @@ class Runtime:
         key = actor_pool.reuse_key(cfg, index) if reusable else None
         if key is not None and (parked := actor_pool.take(key)) is not None:
             try:
-                parked.reset(cfg, root, init_s, estimator)
+                parked.reset(cfg, root, init_s)
                 return parked
             except Exception:  # noqa: BLE001 - a dead actor: start afresh instead
                 log.warning(
@@ -119,12 +118,12 @@ class Runtime:
             if fsdp:  # waits until the group has formed and loaded its shards
                 from mem1_core.training.fsdp_learner import start_learner_group
 
-                runtime.learners = start_learner_group(cfg, root, init_s, estimator)
+                runtime.learners = start_learner_group(cfg, root, init_s)
             else:
                 learner = (
                     ray.remote(Learner)
                     .options(num_cpus=resources.learner_cpus, num_gpus=resources.learner_gpus)
-                    .remote(cfg, root, init_s, estimator, max(1, int(resources.learner_cpus)))
+                    .remote(cfg, root, init_s, max(1, int(resources.learner_cpus)))
                 )
                 runtime.learners = [learner]
         except BaseException:
@@ -202,7 +201,7 @@ class Runtime:
     def restore(self, path: Path) -> TrainState:
         return self._on_learners("restore", str(path))
 
-    def reset(self, cfg: Config, root: str, init: str | None, estimator: str) -> None:
+    def reset(self, cfg: Config, root: str, init: str | None) -> None:
         """Reuse these actors for another run: each runs its constructor again with the new
         run's config, directory and policy (the retriever serves the same corpus: the key)."""
         resources = cfg.resources
@@ -211,7 +210,7 @@ class Runtime:
             for w in self.workers
         ]
         learners = [
-            r.reset.remote(cfg, root, init, estimator, max(1, int(resources.learner_cpus)))
+            r.reset.remote(cfg, root, init, max(1, int(resources.learner_cpus)))
             for r in self.learners
         ]
         self._get_all([*workers, *learners])

@@ -1,4 +1,4 @@
-"""The RL training loop (PPO, or GRPO with estimator "grpo"), MEM1 §3.3 / §4.
+"""The RL training loop (PPO; GRPO, RLOO or REINFORCE++ by `ppo.adv_estimator`), MEM1 §3.3 / §4.
 
 One iteration reads top to bottom: collect rollouts (the environment scores each answer:
 EM per objective) -> the learner scores them (old / reference log-probs, values over the
@@ -42,9 +42,19 @@ from mem1_core.trajectory.record import Trajectory, write_trajectories
 
 log = logging.getLogger(__name__)
 
-GRPO_DEFAULTS: tuple[str, ...] = ("ppo.samples_per_task=4", "ppo.kl_in_loss=true", "ppo.kl_kind=k3")
-"""Overrides `mem1 train grpo` applies before the user's: a group of 4 samples per task,
-the KL as a k3 loss term (DeepSeekMath §4.1). Explicit `--set` values win."""
+PPO_DEFAULTS: tuple[str, ...] = ("ppo.adv_estimator=gae",)
+"""Overrides `mem1 train ppo` applies before the user's: GAE with a critic (the paper)."""
+GRPO_DEFAULTS: tuple[str, ...] = (
+    "ppo.adv_estimator=grpo",
+    "ppo.samples_per_task=4",
+    "ppo.kl_in_loss=true",
+    "ppo.kl_kind=k3",
+)
+"""Overrides `mem1 train grpo` applies before the user's: the grpo estimator, a group of 4
+samples per task, the KL as a k3 loss term (DeepSeekMath §4.1). Explicit `--set` values win
+(`--set ppo.adv_estimator=rloo` trains RLOO with the same group and KL)."""
+TRAINER_DEFAULTS: dict[str, tuple[str, ...]] = {"ppo": PPO_DEFAULTS, "grpo": GRPO_DEFAULTS}
+"""`mem1 train <name>` and the train-<name> flows: their defaults, by trainer name."""
 
 
 def select_tasks(tasks: list[Task], iteration: int, k: int, seed: int) -> list[Task]:
@@ -197,16 +207,20 @@ def train_rl(
     cfg: Config,
     out_dir: str | Path,
     *,
-    estimator: str = "gae",
     resume: bool = False,
     init: str | Path | None = None,
     use_ray: bool = True,
     show: bool = True,
 ) -> dict[str, Any]:
-    """Train with PPO (estimator "gae") or GRPO ("grpo") into `out_dir`; `show` draws the
-    progress bar. -> summary: out, estimator, iterations done, last metrics, checkpoint."""
-    if get_estimator(estimator).uses_critic is False and cfg.ppo.samples_per_task < 2:
-        raise ValueError(f"estimator {estimator!r} needs a group: set ppo.samples_per_task >= 2")
+    """Train with `cfg.ppo.adv_estimator` (gae: PPO with a critic; grpo, rloo, ...) into
+    `out_dir`; `show` draws the progress bar. -> summary: out, estimator, iterations done,
+    last metrics, checkpoint."""
+    estimator = cfg.ppo.adv_estimator
+    if get_estimator(estimator).grouped and cfg.ppo.samples_per_task < 2:
+        raise ValueError(
+            f"ppo.adv_estimator={estimator} compares the samples of a task: set "
+            "ppo.samples_per_task >= 2 (`mem1 train grpo` sets 4)"
+        )
     out = Path(out_dir).resolve()
     paths = RunPaths(out)
     ckpt, init_dir = _resume_state(paths, resume, resolve_init(init))
@@ -214,7 +228,7 @@ def train_rl(
     prepare(cfg, out)
     train_tasks = load_tasks(cfg, paths, "train", cfg.data.train_objectives)
     eval_tasks = load_tasks(cfg, paths, "test", cfg.data.train_objectives)
-    runtime = Runtime.start(cfg, paths, init=init_dir, estimator=estimator, use_ray=use_ray)
+    runtime = Runtime.start(cfg, paths, init=init_dir, use_ray=use_ray)
     progress = None
     try:
         # W&B starts while the actors are still importing (their first call blocks).

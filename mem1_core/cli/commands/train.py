@@ -11,9 +11,10 @@ import json
 from mem1_core.cli.commands.data import add_config_args, config_from_args
 
 TRAINERS = {
-    "ppo": "PPO with a critic (GAE), the paper's RL",
-    "grpo": "GRPO: group-relative advantages, no critic (defaults: 4 samples per task, "
-    "the KL as a k3 loss term; --set overrides them)",
+    "ppo": "PPO with a critic (GAE), the paper's RL (sets ppo.adv_estimator=gae)",
+    "grpo": "GRPO: group-relative advantages, no critic (defaults: ppo.adv_estimator=grpo, "
+    "4 samples per task, the KL as a k3 loss term; --set overrides them, e.g. "
+    "ppo.adv_estimator=rloo)",
     "sft": "supervised fine-tuning on teacher trajectories",
 }
 
@@ -55,19 +56,18 @@ def register(sub: argparse._SubParsersAction) -> None:
             help="run workers and learner in this process instead of Ray actors",
         )
         t.add_argument("--no-progress", dest="progress", action="store_false")
-        t.set_defaults(func=cmd_rl, estimator="gae" if name == "ppo" else "grpo")
+        t.set_defaults(func=cmd_rl)
 
 
 def cmd_rl(args: argparse.Namespace) -> int:
-    from mem1_core.training.train_rl import GRPO_DEFAULTS, train_rl
+    from mem1_core.training.train_rl import TRAINER_DEFAULTS, train_rl
 
-    if args.estimator == "grpo":
-        args.overrides = [*GRPO_DEFAULTS, *args.overrides]
+    # The trainer's name is a shorthand: its defaults, then the user's --set.
+    args.overrides = [*TRAINER_DEFAULTS[args.trainer], *args.overrides]
     cfg = config_from_args(args)
     result = train_rl(
         cfg,
         args.out,
-        estimator=args.estimator,
         resume=args.resume,
         init=args.init,
         use_ray=args.use_ray,
