@@ -10,16 +10,27 @@ iterations (0..K-1); a resumed run continues with iteration K:
     rng.pt           torch (CPU and CUDA), Python and NumPy RNG states
     config.json      the run's Config
     state.json       iteration counter, elapsed time, counters the loop carries on
+    manifest.json    the size and sha256 of every other file (written last)
 
 It is written into a temporary sibling directory and renamed into place (`io.atomic_dir`),
 so a checkpoint that exists is complete, whatever moment a SIGKILL chose. Only the newest
 `keep` are kept. Everything is read back with `torch.load(weights_only=True)`: RNG states
 are stored as tensors and plain Python values, not as pickled NumPy objects.
+
+A complete checkpoint can still go bad afterwards: a disk that truncates or flips bits, a
+copy cut short. The manifest's checksums catch that (issue 18): `load_checkpoint` refuses a
+checkpoint whose files do not match, and a resume takes the newest checkpoint that does
+(`latest_intact_checkpoint`), moving bad ones aside to `iter_K.corrupt` with a warning
+that names the file. Checkpoints written before the manifest existed still load, with a
+warning that they are unverified. Hashing reads every byte once more per save and load:
+about a second per GB, small beside writing a paper-scale checkpoint.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import random
 import re
 import shutil
@@ -38,6 +49,16 @@ from mem1_core.runs.atomic import atomic_dir, write_json
 PREFIX = "iter_"
 _NAME = re.compile(rf"^{PREFIX}(\d+)$")
 STATE_FILE = "state.json"
+MANIFEST_FILE = "manifest.json"
+MANIFEST_VERSION = 1
+CORRUPT_SUFFIX = ".corrupt"
+"""A checkpoint that failed verification is renamed `iter_K.corrupt`: kept for a post-mortem,
+invisible to `list_checkpoints`, never deleted by keep-last-K."""
+log = logging.getLogger(__name__)
+
+
+class CorruptCheckpoint(ValueError):
+    """A checkpoint's files do not match the checksums in its manifest."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +89,101 @@ def list_checkpoints(root: str | Path) -> list[Path]:
 def latest_checkpoint(root: str | Path) -> Path | None:
     found = list_checkpoints(root)
     return found[-1] if found else None
+
+
+# ---- integrity -------------------------------------------------------------------------------
+
+
+def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(ckpt: Path) -> Path:
+    """Record the size and sha256 of every file under `ckpt` in its manifest.json."""
+    files = {
+        p.relative_to(ckpt).as_posix(): {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
+        for p in sorted(ckpt.rglob("*"))
+        if p.is_file() and p.name != MANIFEST_FILE
+    }
+    return write_json({"format_version": MANIFEST_VERSION, "files": files}, ckpt / MANIFEST_FILE)
+
+
+def checkpoint_problems(path: str | Path) -> list[str] | None:
+    """What is wrong with checkpoint `path` against its manifest: [] if every file matches,
+    None if it has no manifest (written before checksums existed). Sizes are compared
+    first, so a truncated file is named as such without hashing the rest."""
+    path = Path(path)
+    try:
+        manifest = json.loads((path / MANIFEST_FILE).read_text())
+        files = manifest["files"]
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as e:
+        return [f"{MANIFEST_FILE} is unreadable ({type(e).__name__}: {e})"]
+    problems = []
+    for rel, want in files.items():
+        p = path / rel
+        if not p.is_file():
+            problems.append(f"{rel} is missing")
+        elif (size := p.stat().st_size) != want["bytes"]:
+            cut = " (truncated)" if size < want["bytes"] else ""
+            problems.append(f"{rel} has {size} bytes, the manifest {want['bytes']}{cut}")
+        elif file_sha256(p) != want["sha256"]:
+            problems.append(f"{rel} does not match its sha256 in {MANIFEST_FILE} (corrupted)")
+    return problems
+
+
+def verify_checkpoint(path: str | Path) -> None:
+    """Raise CorruptCheckpoint naming the bad file(s) if `path` fails its checksums; warn if
+    it has none to check."""
+    problems = checkpoint_problems(path)
+    if problems is None:
+        log.warning(
+            "checkpoint %s has no %s (written before checksums): loading it unverified",
+            path,
+            MANIFEST_FILE,
+        )
+    elif problems:
+        raise CorruptCheckpoint(f"checkpoint {path} is corrupt: {'; '.join(problems)}")
+
+
+def quarantine(ckpt: Path) -> Path:
+    """Rename a bad checkpoint to `iter_K.corrupt` (then `.corrupt1`, …): out of every
+    reader's way, kept for whoever wants to look at it."""
+    for n in range(1000):
+        aside = ckpt.with_name(f"{ckpt.name}{CORRUPT_SUFFIX}{n or ''}")
+        if not aside.exists():
+            ckpt.rename(aside)
+            return aside
+    raise FileExistsError(f"too many {ckpt.name}{CORRUPT_SUFFIX}* beside {ckpt}")
+
+
+def latest_intact_checkpoint(root: str | Path) -> Path | None:
+    """The newest checkpoint under `root` that passes `verify_checkpoint`. Newer ones that
+    fail are moved aside (`quarantine`) with a warning naming the bad file, so the run
+    resumes from the one before. None if there are no checkpoints; CorruptCheckpoint if
+    there are and none is intact (starting over would silently drop the run's progress)."""
+    found = list_checkpoints(root)
+    for ckpt in reversed(found):
+        try:
+            verify_checkpoint(ckpt)
+            return ckpt
+        except CorruptCheckpoint as e:
+            aside = quarantine(ckpt)
+            log.warning(
+                "%s; moved it aside to %s, resuming from an older checkpoint", e, aside.name
+            )
+    if found:
+        raise CorruptCheckpoint(
+            f"none of the {len(found)} checkpoints under {root} passed verification (moved aside "
+            f"as *{CORRUPT_SUFFIX}): restore them from a copy, or start a new run (another "
+            "--out, --init from a policy)"
+        )
+    return None
 
 
 def remove_partial(root: str | Path) -> list[Path]:
@@ -149,6 +265,7 @@ def save_checkpoint(
         cfg = config if isinstance(config, dict) else asdict(config)
         write_json(cfg, tmp / "config.json")
         write_json(asdict(state), tmp / STATE_FILE)
+        write_manifest(tmp)  # last: it covers every file above
     for old in list_checkpoints(root)[:-keep]:
         shutil.rmtree(old)
     return out
@@ -190,12 +307,17 @@ def load_checkpoint(
     optimizers: dict[str, torch.optim.Optimizer] | None = None,
     critic: Critic | None = None,
     restore_rng: bool = True,
+    verify: bool = True,
 ) -> TrainState:
     """Load a checkpoint into existing objects (so optimisers keep pointing at the same
-    parameters) and return its TrainState. Missing pieces the caller asks for raise."""
+    parameters) and return its TrainState. Missing pieces the caller asks for raise, and
+    so does a file that fails its checksum (`verify=False`: the caller has just verified
+    it, e.g. with `latest_intact_checkpoint`)."""
     path = Path(path)
     if not (path / STATE_FILE).is_file():
         raise FileNotFoundError(f"{path} is not a checkpoint (no {STATE_FILE})")
+    if verify:
+        verify_checkpoint(path)
     _load_weights(policy, type(policy).from_pretrained(str(path / "policy"), use_safetensors=True))
     if critic is not None:
         if not (path / "critic").is_dir():
