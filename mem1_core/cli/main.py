@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from mem1_core.runs.faults import DiskFull, RunStopped
+
 # Modules that contribute subcommands, in the order they appear in --help.
 COMMAND_MODULES = [
     "mem1_core.cli.commands.data",
@@ -25,6 +27,10 @@ COMMAND_MODULES = [
 
 class UserError(Exception):
     """Bad input from the user: printed as `error: …` with exit code 2, no traceback."""
+
+
+STOPPED_EXIT_CODE = 1
+"""A run stopped by a fault (`RunStopped`, a full disk): `error: …`, no traceback, exit 1."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UserError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except (RunStopped, DiskFull) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return STOPPED_EXIT_CODE
     return int(rc or 0)
 
 

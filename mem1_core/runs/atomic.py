@@ -1,8 +1,15 @@
 """Atomic writes: every artifact is written to a temporary sibling and renamed, so a
-killed process never leaves a half-written file or directory behind (docs/design.md §4.7)."""
+killed process never leaves a half-written file or directory behind (docs/design.md §4.7).
+
+A write that fails because the disk is full raises `DiskFull`, saying which file and how
+much space is left, whatever the writing library made of ENOSPC (torch.save reports it as
+a bare `RuntimeError: unexpected pos`, safetensors as a `SafetensorError`); the temporary
+is removed and the file it would have replaced is left as it was.
+"""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -14,6 +21,36 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from mem1_core.runs.faults import DiskFull
+
+FULL_BELOW_BYTES = 1 << 20
+"""A write that fails while less than this is free on its file system failed for want of
+space (a failed write fills the disk to the last block before it gives up)."""
+
+
+def _disk_full(error: BaseException, path: Path) -> DiskFull | None:
+    """`error` as a DiskFull naming `path`, if it came from a full disk (ENOSPC anywhere in
+    its chain, or next to no space left), else None."""
+    chain, e = [], error
+    while e is not None and len(chain) < 8:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    try:
+        free = shutil.disk_usage(path.parent).free
+    except OSError:
+        free = None
+    enospc = any(getattr(x, "errno", None) == errno.ENOSPC for x in chain) or any(
+        "No space left on device" in str(x) for x in chain
+    )
+    if not enospc and (free is None or free >= FULL_BELOW_BYTES):
+        return None
+    left = "" if free is None else f" ({free} bytes free)"
+    return DiskFull(
+        errno.ENOSPC,
+        f"no space left on the device of {path.parent}{left} while writing {path.name}; the "
+        "previous files are intact: free some space, then rerun (a training run: with --resume)",
+    )
 
 
 @contextmanager
@@ -27,6 +64,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp_path
         os.replace(tmp_path, path)
+    except Exception as e:
+        # Checked before the temporary goes; a DiskFull from a nested write already names it.
+        if not isinstance(e, DiskFull) and (full := _disk_full(e, path)) is not None:
+            raise full from e
+        raise
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
@@ -49,6 +91,11 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
             shutil.rmtree(old)
         else:
             os.replace(tmp, path)
+    except Exception as e:
+        # Named after the directory, not the file inside its temporary that hit the limit.
+        if (full := _disk_full(e, path)) is not None:
+            raise full from e
+        raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
