@@ -13,6 +13,7 @@ are the `resources` section.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
 import types
@@ -67,7 +68,10 @@ def profile_values(profile: str) -> dict[str, Any]:
 
 
 def _read_mapping(path: str | Path) -> dict[str, Any]:
-    loaded = yaml.safe_load(Path(path).read_text()) or {}
+    try:
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"config file {path} is not valid YAML: {e}") from None
     if not isinstance(loaded, dict):
         raise ValueError(f"{path}: the config file must be a mapping of sections")
     return loaded
@@ -145,8 +149,10 @@ def _build(cls: type, values: dict[str, Any], where: str = "") -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = set(values) - names
     if unknown:
+        near = {u: difflib.get_close_matches(u, names, n=1) for u in sorted(unknown)}
+        hints = "".join(f" ({u!r}: did you mean {m[0]!r}?)" for u, m in near.items() if m)
         raise ValueError(
-            f"unknown config field(s) {sorted(unknown)} in {where or 'config'}; "
+            f"unknown config field(s) {sorted(unknown)} in {where or 'config'}{hints}; "
             f"known: {sorted(names)}"
         )
     kwargs = {k: _coerce(hints[k], v, f"{where}.{k}".lstrip(".")) for k, v in values.items()}
@@ -180,14 +186,26 @@ def load_config(
     path: str | Path | None = None,
     overrides: list[str] | tuple[str, ...] | dict[str, Any] = (),
 ) -> Config:
-    """Profile defaults, then the YAML file at `path`, then `overrides`."""
+    """Profile defaults, then the YAML file at `path`, then `overrides`. An error in the
+    file or the overrides names which of them holds the bad value."""
     values: dict[str, Any] = _merge({"profile": profile}, profile_values(profile))
     if path is not None:
         loaded = upgrade(_read_mapping(path), str(path))
         loaded.pop("profile", None)
         values = _merge(values, loaded)
+        _build_from(values, f"config file {path}")  # built once here to name the file
     extra = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
-    return _build(Config, _merge(values, upgrade(extra, "overrides")))
+    values = _merge(values, upgrade(extra, "overrides"))
+    return _build_from(values, "--set overrides" if extra else None)
+
+
+def _build_from(values: dict[str, Any], source: str | None) -> Config:
+    try:
+        return _build(Config, values)
+    except ValueError as e:
+        if source is None:
+            raise
+        raise ValueError(f"{source}: {e}") from None
 
 
 def config_json(cfg: Any) -> str:

@@ -139,12 +139,18 @@ class RetrievalConfig(Section):
     url: str | None = None
     """If set, talk to a retrieval server at this URL instead of an in-process index (no
     index is built or loaded)."""
+    outage_seconds: float = 60.0
+    """With `url`: how long a server that stopped answering is retried (backoff up to 2 s)
+    before the run stops with RetrieverUnavailable (`--resume` continues it). Long enough
+    for a server to be restarted; a rollout waits meanwhile."""
 
     def __post_init__(self) -> None:
         if self.kind not in ("bm25", "dense"):
             raise ValueError(f"retrieval.kind={self.kind!r}: use bm25 or dense")
         if self.topk < 1:
             raise ValueError("retrieval.topk must be >= 1")
+        if self.outage_seconds < 0:
+            raise ValueError("retrieval.outage_seconds must be >= 0 (0: only a few retries)")
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,28 @@ def build_tiny_model(cfg: ModelConfig, tokenizer) -> PreTrainedModel:
     return model.eval()
 
 
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+"""What a saved model directory holds its weights in: one file, or the index of shards."""
+
+
+def check_model_dir(path: str | Path) -> Path:
+    """`path` if it is a loadable model directory (config.json and safetensors weights),
+    else a FileNotFoundError naming what is missing and where a policy comes from."""
+    path = Path(path)
+    fix = (
+        "point at a policy that finished saving: a checkpoint's policy/ "
+        "(<run>/checkpoints/iter_K/policy), an SFT output's policy/, or a save_pretrained directory"
+    )
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} is not a model directory (no config.json): {fix}")
+    if not any((path / name).is_file() for name in WEIGHT_FILES):
+        raise FileNotFoundError(
+            f"{path} holds no weights (no {' or '.join(WEIGHT_FILES)}; .bin weights are "
+            f"not read): {fix}"
+        )
+    return path
+
+
 def load_model(name_or_path: str | Path, cfg: ModelConfig, tokenizer=None) -> PreTrainedModel:
     """A saved tiny model or any hub causal LM, its embedding table as it was saved.
 
@@ -51,6 +73,8 @@ def load_model(name_or_path: str | Path, cfg: ModelConfig, tokenizer=None) -> Pr
     a policy directory holds the embeddings of its own tokenizer. A tokenizer with ids beyond
     the table is not this model's (resizing would read those ids through random rows, as
     `mem1 rollout --policy-dir` once did: docs/design.md §8), so it is an error."""
+    if Path(name_or_path).exists():  # a local directory, not a hub name
+        check_model_dir(name_or_path)
     model = AutoModelForCausalLM.from_pretrained(
         str(name_or_path),
         dtype=DTYPES[cfg.dtype],

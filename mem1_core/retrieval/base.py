@@ -84,6 +84,9 @@ class Manifest:
     corpus_report: dict[str, Any] = field(default_factory=dict)
     """Duplicate ids and empty documents found (and dropped) while loading the corpus."""
     format_version: int = FORMAT_VERSION
+    file_bytes: dict[str, int] = field(default_factory=dict)
+    """The size of every other file of the index, checked at load (`index_file_problems`),
+    so a truncated or missing file is named; empty in indexes built before it."""
 
     def write(self, index_dir: str | os.PathLike) -> Path:
         data = asdict(self)
@@ -95,14 +98,49 @@ def read_manifest(index_dir: str | os.PathLike) -> Manifest:
     path = Path(index_dir) / MANIFEST_NAME
     if not path.is_file():
         raise FileNotFoundError(f"{index_dir} is not an index directory (no {MANIFEST_NAME})")
-    data = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"a JSON {type(data).__name__}, not an object")
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ValueError(
+            f"{path} is corrupt ({e}); rebuild the index with `mem1 index --out {index_dir}`"
+        ) from None
     if data.get("format_version") != FORMAT_VERSION:
         raise ValueError(
             f"index {index_dir} has format version {data.get('format_version')}, this code reads "
             f"{FORMAT_VERSION}; rebuild it with `mem1 index`"
         )
-    data["kind"] = parse_kind(data["kind"])
-    return Manifest(**data)
+    try:
+        data["kind"] = parse_kind(data["kind"])
+        return Manifest(**data)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(
+            f"{path} is not an index manifest ({type(e).__name__}: {e}); rebuild the index "
+            f"with `mem1 index --out {index_dir}`"
+        ) from None
+
+
+def file_sizes(index_dir: str | os.PathLike) -> dict[str, int]:
+    """Relative path -> bytes of every file under `index_dir` but the manifest."""
+    root = Path(index_dir)
+    return {
+        p.relative_to(root).as_posix(): p.stat().st_size
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != MANIFEST_NAME
+    }
+
+
+def index_file_problems(index_dir: str | os.PathLike, manifest: Manifest) -> list[str]:
+    """Files of the index that are missing or not the size the manifest recorded."""
+    problems = []
+    for rel, size in manifest.file_bytes.items():
+        p = Path(index_dir) / rel
+        if not p.is_file():
+            problems.append(f"{rel} is missing")
+        elif p.stat().st_size != size:
+            problems.append(f"{rel} has {p.stat().st_size} bytes, the manifest {size}")
+    return problems
 
 
 def library_versions(*names: str) -> dict[str, str]:

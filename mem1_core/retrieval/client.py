@@ -8,14 +8,17 @@ Answers are read as tolerantly as Search-R1's own client reads them (it uses onl
 (the same passage gets the same id in every answer), a missing score is 0.0 (the
 server's order stands), and a server that sends more than `k` passages is cut to `k`.
 
-Connection failures, timeouts and 5xx answers are retried a bounded number of times with
-exponential backoff; a 4xx answer is the caller's fault and raises at once. When the
-server stays unreachable the error says so and how to start one.
+Connection failures, timeouts and 5xx answers are retried with exponential backoff (capped
+at `max_backoff_s`): at least `retries` more times, and for as long as the outage has lasted
+less than `outage_s` seconds, so a training run rides out a retrieval server that restarts
+(retrieval.outage_seconds; issue 18). A 4xx answer is the caller's fault and raises at once.
+When the server stays unreachable the error says so and how to start one.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from typing import Any
 
@@ -23,6 +26,8 @@ import httpx
 
 from mem1_core.retrieval.base import Hit
 from mem1_core.retrieval.corpus import format_contents, parse_contents
+
+log = logging.getLogger(__name__)
 
 
 class RetrieverUnavailable(ConnectionError):
@@ -66,13 +71,18 @@ class HttpRetriever:
         retries: int = 2,
         backoff_s: float = 0.25,
         max_batch: int = 256,
+        outage_s: float = 0.0,
+        max_backoff_s: float = 2.0,
     ):
         """`url`: server base URL (a trailing `/retrieve` is accepted). `retries`: extra
-        attempts after the first; `max_batch`: queries per request (the server's limit)."""
+        attempts after the first; `outage_s`: keep retrying until the server has failed for
+        this long; `max_batch`: queries per request (the server's limit)."""
         base = url.rstrip("/")
         self.base_url = base.removesuffix("/retrieve")
         self.retries = retries
         self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.outage_s = outage_s
         self.max_batch = max_batch
         self.timeout_s = timeout_s
         self._client = httpx.Client(timeout=timeout_s)
@@ -80,9 +90,13 @@ class HttpRetriever:
     def _post(self, payload: dict[str, Any]) -> dict[str, Any]:
         url = f"{self.base_url}/retrieve"
         last: str = ""
-        for attempt in range(self.retries + 1):
+        attempt, start = 0, time.monotonic()
+        while attempt <= self.retries or time.monotonic() - start < self.outage_s:
             if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+                if attempt == 1:
+                    log.warning("retrieval server at %s: %s; retrying", self.base_url, last)
+                time.sleep(min(self.backoff_s * 2 ** (attempt - 1), self.max_backoff_s))
+            attempt += 1
             try:
                 response = self._client.post(url, json=payload)
             except httpx.TimeoutException:
@@ -96,10 +110,13 @@ class HttpRetriever:
                 continue
             if response.status_code >= 400:
                 raise ValueError(f"retrieval server refused the request: {response.text[:500]}")
+            if attempt > 1:
+                log.warning("retrieval server at %s answers again", self.base_url)
             return response.json()
         raise RetrieverUnavailable(
-            f"retrieval server at {self.base_url} failed after {self.retries + 1} attempts: "
-            f"{last}. Is it running? Start one with `mem1 serve-retriever --index DIR`."
+            f"retrieval server at {self.base_url} failed after {attempt} attempts: {last}; "
+            f"gave up after {time.monotonic() - start:.1f} s. Is it running? Start one with "
+            "`mem1 serve-retriever --index DIR`."
         )
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:

@@ -23,6 +23,8 @@ from mem1_core.retrieval.base import (
     IndexKind,
     Manifest,
     Retriever,
+    file_sizes,
+    index_file_problems,
     library_versions,
     parse_kind,
     read_manifest,
@@ -115,6 +117,7 @@ def _build(
             versions=library_versions("mem1", *spec.libraries),
             build_seconds=round(time.perf_counter() - start, 3),
             corpus_report=report.to_dict(),
+            file_bytes=file_sizes(tmp),
         ).write(tmp)
     return out_dir
 
@@ -142,12 +145,28 @@ def load_index(
     options = dict(manifest.options)
     if manifest.kind is IndexKind.DENSE and device is not None:
         options["device"] = device
-    docs = DocStore(index_dir / DOCS_NAME)
+    rebuild = f"rebuild it with `mem1 index --corpus CORPUS --kind {manifest.kind.value} --out {index_dir}`"
+    if problems := index_file_problems(index_dir, manifest):
+        raise ValueError(f"index {index_dir} is corrupt: {'; '.join(problems)}; {rebuild}")
+    try:
+        docs = DocStore(index_dir / DOCS_NAME)
+    except (OSError, ValueError) as e:  # pyarrow's errors are both
+        raise ValueError(f"index {index_dir}: {DOCS_NAME} is unreadable ({e}); {rebuild}") from e
     if len(docs) != manifest.documents:
         raise ValueError(
-            f"{index_dir}: {DOCS_NAME} has {len(docs)} rows, manifest {manifest.documents}"
+            f"index {index_dir}: {DOCS_NAME} has {len(docs)} rows, the manifest "
+            f"{manifest.documents}; {rebuild}"
         )
-    return spec.load(index_dir, spec.parse(options), docs)
+    parsed = spec.parse(options)
+    try:
+        return spec.load(index_dir, parsed, docs)
+    except Exception as e:  # noqa: BLE001 - each kind's library fails its own way
+        if isinstance(e, ImportError):
+            raise
+        raise ValueError(
+            f"index {index_dir} is corrupt or incomplete ({type(e).__name__}: "
+            f"{str(e).splitlines()[0][:300] if str(e) else 'no message'}); {rebuild}"
+        ) from e
 
 
 def index_size_bytes(index_dir: str | os.PathLike) -> int:
@@ -170,9 +189,12 @@ def ensure_index(
     fingerprint = corpus_fingerprint(df)
     index_dir = Path(root) / f"{kind.value}-{fingerprint[:16]}-{options_digest(kind, options)}"
     try:
-        if read_manifest(index_dir).corpus_fingerprint == fingerprint:
+        manifest = read_manifest(index_dir)
+        if manifest.corpus_fingerprint == fingerprint and not index_file_problems(
+            index_dir, manifest
+        ):
             return index_dir, False
     except (FileNotFoundError, ValueError):
-        pass  # absent or from an older format: rebuild
+        pass  # absent, corrupt or from an older format: rebuild
     _build(df, report, kind, index_dir, start, show_progress, options)
     return index_dir, True

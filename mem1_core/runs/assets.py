@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
@@ -53,8 +54,6 @@ def ensure_tasks(cfg: Config, paths: RunPaths, split: str, n: int) -> Path:
         questions = world_questions(pq.read_table(ensure_world(cfg, paths) / "questions.parquet"))
         use_split = split
     else:
-        import pyarrow as pa
-
         tables = []
         if "hotpotqa" in cfg.data.source:
             source, hub_split = cfg.data.question_source("hotpotqa", split)
@@ -85,8 +84,27 @@ def _complete(task_file: Path) -> bool:
     return cap is None or pq.read_metadata(task_file).num_rows < cap
 
 
+TASK_COLUMNS = ("task_id", "prompt", "questions", "golden_answers")
+"""The columns a task file must have (`plans` is optional); `mem1 compose` writes them all."""
+
+
+def read_task_file(path: Path) -> list[Task]:
+    """The tasks of a task Parquet, or a ValueError naming the file and how to fix it."""
+    fix = f"write it with `mem1 compose ... --out {path}`, or delete it to have it composed again"
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        raise ValueError(f"{path} is not a readable Parquet file ({e}); {fix}") from e
+    missing = [c for c in TASK_COLUMNS if c not in table.column_names]
+    if missing:
+        raise ValueError(
+            f"{path} lacks the task column(s) {missing} (it has {table.column_names}); {fix}"
+        )
+    return tasks_from_table(table)
+
+
 def load_tasks(cfg: Config, paths: RunPaths, split: str, n: int) -> list[Task]:
-    return tasks_from_table(pq.read_table(ensure_tasks(cfg, paths, split, n)))
+    return read_task_file(ensure_tasks(cfg, paths, split, n))
 
 
 def ensure_tokenizer(cfg: Config, paths: RunPaths):
@@ -175,7 +193,7 @@ def make_retriever(cfg: Config, paths: RunPaths) -> Retriever:
     if cfg.retrieval.url:
         from mem1_core.retrieval import HttpRetriever
 
-        return HttpRetriever(cfg.retrieval.url)
+        return HttpRetriever(cfg.retrieval.url, outage_s=cfg.retrieval.outage_seconds)
     return load_index(ensure_index(cfg, paths))
 
 
