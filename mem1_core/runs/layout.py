@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from mem1_core.runs.atomic import write_text
-from mem1_core.runs.checkpoint import latest_checkpoint
+from mem1_core.runs.checkpoint import CORRUPT_SUFFIX, latest_checkpoint
 
 CHECKPOINTS = "checkpoints"
 POLICY = "policy"
@@ -130,13 +130,21 @@ def resolve_init(init: str | Path | None) -> Path | None:
     directory (its latest checkpoint's policy) or a save_pretrained model directory."""
     if init is None:
         return None
+    from mem1_core.models.model import check_model_dir
+
     p = Path(init).resolve()
+    found = None
     if (p / POLICY / "config.json").is_file():
-        return p / POLICY
-    if (p / CHECKPOINTS).is_dir() and (ckpt := latest_checkpoint(p / CHECKPOINTS)):
-        return ckpt / POLICY
-    if (p / "config.json").is_file():
-        return p
+        found = p / POLICY
+    elif (p / CHECKPOINTS).is_dir() and (ckpt := latest_checkpoint(p / CHECKPOINTS)):
+        found = ckpt / POLICY
+    elif (p / "config.json").is_file():
+        found = p
+    if found is not None:  # checked here, before a run directory is touched
+        try:
+            return check_model_dir(found)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"--init {init}: {e}") from None
     raise FileNotFoundError(
         f"--init {init}: expected a model directory (config.json), a checkpoint or SFT output "
         "(policy/config.json) or a run directory with checkpoints/"
@@ -147,7 +155,8 @@ def newest_checkpoint_under(runs_root: str | Path) -> Path | None:
     """The newest checkpoint of any run under `runs_root`: in `runs_root/*/checkpoints/` or
     a stage's `runs_root/*/*/checkpoints/` (e.g. `run/ppo_mem1/checkpoints/`), by
     modification time (ties: by path), or None. Entries starting with `.` are skipped:
-    atomic writes stage there. (Within one run: mem1_core.runs.checkpoint.latest_checkpoint.)"""
+    atomic writes stage there; so are checkpoints set aside as corrupt (`iter_K.corrupt*`).
+    (Within one run: mem1_core.runs.checkpoint.latest_checkpoint.)"""
     root = Path(runs_root)
     if not root.is_dir():
         return None
@@ -157,6 +166,6 @@ def newest_checkpoint_under(runs_root: str | Path) -> Path | None:
         for ckdir in root.glob(pattern)
         if ckdir.is_dir()
         for entry in ckdir.iterdir()
-        if not entry.name.startswith(".")
+        if not entry.name.startswith(".") and CORRUPT_SUFFIX not in entry.name
     ]
     return max(found, key=lambda p: (p.stat().st_mtime, str(p)), default=None)

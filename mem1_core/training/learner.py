@@ -216,8 +216,13 @@ class Learner:
         return state
 
     def _load_checkpoint(self, ckpt: Path) -> None:
+        # verify=False: the driver has just checked its checksums (latest_intact_checkpoint)
         load_checkpoint(
-            ckpt, policy=self.models.policy, optimizers=self.optimizers, critic=self.models.critic
+            ckpt,
+            policy=self.models.policy,
+            optimizers=self.optimizers,
+            critic=self.models.critic,
+            verify=False,
         )
 
 

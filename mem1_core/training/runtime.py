@@ -16,26 +16,49 @@ worker, so the weights never pass through the driver. On a laptop everything sha
 local Ray with CPU resources; the resource requests come from `ResourcesConfig`, so the same
 code asks for GPUs on a cluster (`resources.ray_address`). Actors are reused across the runs
 of a pipeline inside `actor_pool.reuse_actors()`.
+
+Faults (issue 18). A rollout worker is a Ray actor with `WORKER_RESTARTS` restarts: when
+its process dies mid-rollout, the driver waits for Ray to restart it, sends it the
+learner's current weights and asks again for the same share (same tasks, same seed), so
+the iteration goes on as if nothing happened. Each weight sync carries a version that a
+worker must hold to roll out (`WeightsOutOfDate`), so a worker that restarted unseen,
+between two calls, is found and brought up to date too. The learner is not restarted: its
+state since the last checkpoint (weights, optimiser moments) is gone with it, so its death
+stops the run (`ActorLost`) and `--resume` continues from the checkpoint.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
 from mem1_core.config import Config
 from mem1_core.rollout.loop import Task
 from mem1_core.runs.checkpoint import TrainState
+from mem1_core.runs.faults import ActorLost
 from mem1_core.runs.layout import RunPaths
 from mem1_core.training import actor_pool
 from mem1_core.training.learner import Learner
 from mem1_core.training.ray_start import RETRIEVER_CPUS, start_ray
 from mem1_core.training.vllm_engine import require_vllm, resolve_backend
-from mem1_core.training.workers import RolloutWorker
+from mem1_core.training.workers import RolloutWorker, WeightsOutOfDate
 from mem1_core.trajectory.record import Trajectory
 
 log = logging.getLogger(__name__)
+WORKER_RESTARTS = 3
+"""Times Ray restarts a rollout worker whose process died (and the driver retries its share)."""
+WORKER_RESTART_TIMEOUT_S = 600.0
+"""Longest wait for a restarted worker to answer (it imports torch and loads its model)."""
+
+
+def _handled_cause(error: Exception) -> Exception | None:
+    """What an actor raised, for the faults the driver handles by type (a full disk, the
+    retriever down, a worker out of date), else None. Ray hands them over wrapped in a
+    RayTaskError, whose text is the remote traceback; it is re-raised as their cause."""
+    cause = getattr(error, "cause", None)
+    return cause if isinstance(cause, (OSError, WeightsOutOfDate)) else None
 
 
 class Runtime:
@@ -55,6 +78,12 @@ class Runtime:
         self.owns_ray, self.retriever = owns_ray, retriever
         self.reuse_key: tuple | None = None
         """Set when these actors may serve a later run of the same shape (actor_pool)."""
+        self.worker_args: tuple | None = None
+        """What `RolloutWorker.reset` takes to make a worker serve this run. Set by `reset`
+        only: a worker Ray restarts runs its constructor with the arguments it was created
+        with, which are this run's unless the actors came from an earlier run."""
+        self.weights_version = 0
+        """Bumped at every weight sync; a worker must hold the current one to roll out."""
 
     @classmethod
     def start(
@@ -105,7 +134,9 @@ class Runtime:
         if index is not None:  # else an HTTP retriever is already shared
             retriever = start_retriever_actor(index, num_cpus=RETRIEVER_CPUS)
         worker_cls = ray.remote(RolloutWorker).options(
-            num_cpus=resources.cpus_per_worker, num_gpus=resources.gpus_per_worker
+            num_cpus=resources.cpus_per_worker,
+            num_gpus=resources.gpus_per_worker,
+            max_restarts=WORKER_RESTARTS,  # the driver retries the call (`_rollout_share`)
         )
         threads = max(1, int(resources.cpus_per_worker))
         workers = [
@@ -140,7 +171,12 @@ class Runtime:
             return value
         import ray
 
-        return ray.get(value)
+        try:
+            return ray.get(value)
+        except ray.exceptions.RayTaskError as e:
+            if (cause := _handled_cause(e)) is None:
+                raise
+            raise cause from e
 
     def rollout(
         self, tasks: list[Task], seed: int, *, greedy: bool = False, samples_per_task: int = 1
@@ -148,24 +184,99 @@ class Runtime:
         """Split `tasks` into contiguous shares, one per worker; trajectories in task order."""
         n = len(self.workers)
         bounds = [len(tasks) * i // n for i in range(n + 1)]
-        parts = [
-            self._call(
-                w,
-                "rollout",
-                tasks[bounds[i] : bounds[i + 1]],
-                seed * 1009 + i,
+        shares = {
+            i: dict(
+                tasks=tasks[bounds[i] : bounds[i + 1]],
+                seed=seed * 1009 + i,
                 greedy=greedy,
                 samples_per_task=samples_per_task,
                 group_offset=bounds[i],
+                weights_version=self.weights_version if self.remote else None,
             )
-            for i, w in enumerate(self.workers)
+            for i in range(n)
             if bounds[i + 1] > bounds[i]
-        ]
-        return [t for part in self._get(parts) for t in part]
+        }
+        calls = {i: self._call(self.workers[i], "rollout", **kw) for i, kw in shares.items()}
+        return [t for i, call in calls.items() for t in self._rollout_share(i, call, shares[i])]
+
+    def _rollout_share(self, i: int, call: Any, share: dict[str, Any]) -> list[Trajectory]:
+        """Worker `i`'s answer to `call`. If its process died (or restarted since the last
+        weight sync), wait for Ray's restart, send it the learner's weights and ask again
+        for the same share: the answer is the one the first call would have given."""
+        if not self.remote:
+            return call
+        import ray
+
+        for attempt in range(WORKER_RESTARTS + 1):
+            try:
+                return self._get(call)
+            except (ray.exceptions.RayActorError, WeightsOutOfDate) as e:
+                self._raise_if_learner(e, "a rollout")
+                if attempt == WORKER_RESTARTS:
+                    raise ActorLost(
+                        f"rollout worker {i} died {attempt + 1} times in one rollout "
+                        f"({type(e).__name__})"
+                    ) from e
+                log.warning(
+                    "rollout worker %d lost its share (%s: %s); restarting it and retrying",
+                    i,
+                    type(e).__name__,
+                    str(e).splitlines()[0][:200],
+                )
+                try:
+                    self._revive_worker(i)
+                except ray.exceptions.RayActorError as dead:
+                    self._raise_if_learner(dead, "a worker's restart")
+                    raise ActorLost(f"rollout worker {i} could not be restarted: {dead}") from dead
+                call = self._call(self.workers[i], "rollout", **share)
+        raise AssertionError("unreachable")
+
+    def _revive_worker(self, i: int) -> None:
+        """Bring worker `i` back to this run's state: wait until Ray has restarted its
+        process, give it this run's arguments if the actor came from an earlier run, then
+        the learner's current weights."""
+        import ray
+
+        worker, t0 = self.workers[i], time.perf_counter()
+        while True:  # a call to a restarting actor fails at once (ActorUnavailableError)
+            try:
+                pid = self._get(worker.pid.remote())
+                break
+            except ray.exceptions.ActorUnavailableError:
+                if time.perf_counter() - t0 > WORKER_RESTART_TIMEOUT_S:
+                    raise
+                time.sleep(0.5)
+        if self.worker_args is not None:
+            self._get(worker.reset.remote(*self.worker_args))
+        weights = [r.get_weights.remote() for r in self.learners]  # FSDP: a collective
+        self._get_all([worker.load_weights.remote(weights[0], self.weights_version), *weights[1:]])
+        log.warning(
+            "rollout worker %d is back (pid %d) after %.1f s", i, pid, time.perf_counter() - t0
+        )
+
+    def _raise_if_learner(self, error: Exception, during: str) -> None:
+        """Raise ActorLost if `error` says a learner process died (its own call failed, or
+        a worker's call that waited on its weights)."""
+        dead = getattr(error, "actor_id", None)
+        if dead is not None and dead in {r._actor_id.hex() for r in self.learners}:
+            raise ActorLost(
+                f"the learner process died during {during} ({type(error).__name__}); its weights "
+                "and optimiser state since the last checkpoint are lost"
+            ) from error
 
     def _on_learners(self, method: str, *args: Any) -> Any:
-        """Call `method` on every learner rank at once (a collective); -> rank 0's answer."""
-        return self._get_all([self._call(r, method, *args) for r in self.learners])[0]
+        """Call `method` on every learner rank at once (a collective); -> rank 0's answer.
+        A learner process that died takes the run's training state with it: `ActorLost`."""
+        calls = [self._call(r, method, *args) for r in self.learners]
+        if not self.remote:
+            return calls[0]
+        import ray
+
+        try:
+            return self._get_all(calls)[0]
+        except ray.exceptions.RayActorError as e:
+            self._raise_if_learner(e, method)
+            raise
 
     def _get_all(self, values: list[Any]) -> list[Any]:
         """`_get` of several calls that raises as soon as one of them fails: a failed rank
@@ -175,11 +286,16 @@ class Runtime:
             return values
         import ray
 
-        pending = list(values)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            ray.get(done)
-        return ray.get(values)
+        try:
+            pending = list(values)
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                ray.get(done)
+            return ray.get(values)
+        except ray.exceptions.RayTaskError as e:
+            if (cause := _handled_cause(e)) is None:
+                raise
+            raise cause from e
 
     def update(self, trajs: list[Trajectory], iteration: int) -> dict[str, Any]:
         if self.remote and len(self.learners) > 1:
@@ -190,10 +306,23 @@ class Runtime:
 
     def sync_weights(self) -> None:
         """Learner -> object store -> every worker (an ObjectRef is resolved in the worker).
-        FSDP ranks gather the full weights together; rank 0's copy is the one sent."""
+        FSDP ranks gather the full weights together; rank 0's copy is the one sent. A worker
+        that dies meanwhile is left for the next rollout to revive (it is out of date)."""
+        self.weights_version += 1
         weights = [self._call(r, "get_weights") for r in self.learners]
-        loads = [self._call(w, "load_weights", weights[0]) for w in self.workers]
-        self._get_all([*loads, *weights[1:]])
+        loads = [
+            self._call(w, "load_weights", weights[0], self.weights_version) for w in self.workers
+        ]
+        if not self.remote:
+            return
+        import ray
+
+        try:
+            self._get_all([*loads, *weights[1:]])
+        except ray.exceptions.RayActorError as e:
+            self._raise_if_learner(e, "a weight sync")
+            # The loads still in flight land before any later call to their workers.
+            log.warning("a rollout worker died during a weight sync; the next rollout revives it")
 
     def save(self, state: TrainState) -> Path:
         return Path(self._on_learners("save", state))
@@ -205,10 +334,10 @@ class Runtime:
         """Reuse these actors for another run: each runs its constructor again with the new
         run's config, directory and policy (the retriever serves the same corpus: the key)."""
         resources = cfg.resources
-        workers = [
-            w.reset.remote(cfg, root, init, self.retriever, max(1, int(resources.cpus_per_worker)))
-            for w in self.workers
-        ]
+        threads = max(1, int(resources.cpus_per_worker))
+        self.worker_args = (cfg, root, init, self.retriever, threads)
+        self.weights_version = 0
+        workers = [w.reset.remote(*self.worker_args) for w in self.workers]
         learners = [
             r.reset.remote(cfg, root, init, max(1, int(resources.learner_cpus)))
             for r in self.learners

@@ -8,10 +8,16 @@ go to the rollout workers -> log.
 What the run directory gets (trajectories/, eval/, metrics.jsonl, checkpoints/, wandb/) is
 mem1_core.runs.layout.RunPaths.
 
-Resume: `resume=True` restores the newest checkpoint K and deletes trajectory, evaluation
-and metrics entries of iterations >= K (written after it, by a run that then died), so a
-run killed at any moment and resumed has every iteration exactly once, and the files of
-iterations before K are never rewritten.
+Resume: `resume=True` restores the newest intact checkpoint K (one whose files match the
+checksums of its manifest; a corrupt newer one is moved aside with a warning) and deletes
+trajectory, evaluation and metrics entries of iterations >= K (written after it, by a run
+that then died), so a run killed at any moment and resumed has every iteration exactly
+once, and the files of iterations before K are never rewritten.
+
+Faults the loop cannot ride out (issue 18: the learner process lost, the retrieval server
+down past `retrieval.outage_seconds`, a full disk) stop the run with `RunStopped`, whose
+message names the fault and the checkpoint a `--resume` continues from; a rollout worker
+that dies is restarted inside `Runtime` and its share of the iteration redone.
 """
 
 from __future__ import annotations
@@ -30,11 +36,19 @@ from tqdm.auto import tqdm
 
 from mem1_core.config import Config
 from mem1_core.evaluation.summary import training_summary
+from mem1_core.retrieval.client import RetrieverUnavailable
 from mem1_core.rl.estimators import get_estimator
 from mem1_core.rollout.loop import Task
 from mem1_core.runs.assets import adopt_init_tokenizer, load_tasks, prepare
 from mem1_core.runs.atomic import write_text
-from mem1_core.runs.checkpoint import TrainState, latest_checkpoint, read_state, remove_partial
+from mem1_core.runs.checkpoint import (
+    TrainState,
+    latest_checkpoint,
+    latest_intact_checkpoint,
+    read_state,
+    remove_partial,
+)
+from mem1_core.runs.faults import ActorLost, DiskFull, RunStopped, root_cause
 from mem1_core.runs.layout import RunPaths, resolve_init
 from mem1_core.runs.progress import Progress as StageProgress
 from mem1_core.training.runtime import Runtime
@@ -55,6 +69,8 @@ samples per task, the KL as a k3 loss term (DeepSeekMath §4.1). Explicit `--set
 (`--set ppo.adv_estimator=rloo` trains RLOO with the same group and KL)."""
 TRAINER_DEFAULTS: dict[str, tuple[str, ...]] = {"ppo": PPO_DEFAULTS, "grpo": GRPO_DEFAULTS}
 """`mem1 train <name>` and the train-<name> flows: their defaults, by trainer name."""
+STOPPING_FAULTS = (ActorLost, DiskFull, RetrieverUnavailable)
+"""Faults that stop a run with `RunStopped` (a clear line and the way to resume)."""
 
 
 def select_tasks(tasks: list[Task], iteration: int, k: int, seed: int) -> list[Task]:
@@ -185,15 +201,15 @@ def evaluate(runtime: Runtime, tasks: list[Task], out: Path) -> dict[str, float]
 
 def _resume_state(paths: RunPaths, resume: bool, init: Path | None):
     """-> (checkpoint or None, init): check the run directory and clean up after a kill."""
-    ckpt = latest_checkpoint(paths.checkpoints)
     if not resume:
-        if ckpt is not None or paths.has_progress():
+        if latest_checkpoint(paths.checkpoints) is not None or paths.has_progress():
             raise ValueError(
                 f"{paths.root} already holds a training run: pass --resume to "
                 "continue it, or choose a new --out"
             )
         return None, init
     remove_partial(paths.checkpoints)
+    ckpt = latest_intact_checkpoint(paths.checkpoints)
     if ckpt is not None:
         saved = read_state(ckpt).extra.get("init")
         if init is not None and str(init) != saved:
@@ -201,6 +217,17 @@ def _resume_state(paths: RunPaths, resume: bool, init: Path | None):
         init = Path(saved) if saved else None
     paths.truncate(read_state(ckpt).iteration if ckpt else 0)
     return ckpt, init
+
+
+def _stopped(error: BaseException, paths: RunPaths) -> str:
+    """The one line a stopped run prints: the fault, and where `--resume` goes on from."""
+    cause = str(root_cause(error)).strip().splitlines()[0].rstrip(".")
+    ckpt = latest_checkpoint(paths.checkpoints)
+    since = f"checkpoint {ckpt.name}" if ckpt else "the start (no checkpoint yet)"
+    return (
+        f"training stopped: {cause}. Rerun the same command with --resume: it continues from "
+        f"{since} and redoes what came after it"
+    )
 
 
 def train_rl(
@@ -264,6 +291,8 @@ def train_rl(
                 runtime.save(TrainState(it + 1, elapsed, extra))
             if last:
                 break
+    except STOPPING_FAULTS as e:
+        raise RunStopped(_stopped(e, paths)) from e
     finally:
         if progress is not None:
             progress.close()

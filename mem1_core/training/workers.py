@@ -3,10 +3,16 @@ or a vLLM engine), the QA environment and a retriever client (a handle to the sh
 retriever actor, an HTTP server, or its own in-process index); it rolls out a share of each
 iteration's tasks with the latest weights the learner sent. An actor whose GPU request is
 > 0 puts its model on CUDA (when CUDA is there) in `model.dtype`; rollout workers generate
-with sdpa even when the learner trains with FlexAttention (`model.attn`)."""
+with sdpa even when the learner trains with FlexAttention (`model.attn`).
+
+Each weight sync carries a version (mem1_core.training.runtime), and a worker refuses to roll
+out with weights other than the ones the driver expects (`WeightsOutOfDate`): a worker Ray
+restarted between two calls holds its initial policy and would otherwise sample from it
+silently."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +28,10 @@ from mem1_core.training.ray_start import actor_device, set_threads
 from mem1_core.training.vllm_engine import require_vllm, vllm_backend
 from mem1_core.trajectory.logprobs import Attn, use_attention
 from mem1_core.trajectory.record import Trajectory
+
+
+class WeightsOutOfDate(RuntimeError):
+    """A rollout worker holds other weights than the driver last sent (it restarted)."""
 
 
 class RolloutWorker:
@@ -58,14 +68,21 @@ class RolloutWorker:
 
             retriever = RayRetriever(retriever)
         self.env = make_env(cfg, paths, tok, retriever)  # None: make_retriever(cfg, paths)
+        self.weights_version: int | None = None
+        """The version of the last weights loaded; None: the initial policy."""
 
     def reset(self, *args: Any) -> None:
         """Become a fresh worker for another run, in this process (mem1_core.training.actor_pool)."""
         drop_state(self)
         self.__init__(*args)
 
-    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+    def pid(self) -> int:
+        """This worker's process id: an answer means the (restarted) process is up."""
+        return os.getpid()
+
+    def load_weights(self, state: dict[str, torch.Tensor], version: int | None = None) -> None:
         self.backend.load_state_dict(state)
+        self.weights_version = version
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         if not isinstance(self.backend, HFBackend):
@@ -83,9 +100,16 @@ class RolloutWorker:
         greedy: bool = False,
         samples_per_task: int = 1,
         group_offset: int = 0,
+        weights_version: int | None = None,
     ) -> list[Trajectory]:
         """Roll `tasks` out; GRPO groups are numbered from `group_offset` (unique per run
-        of tasks across workers)."""
+        of tasks across workers). `weights_version`: the weights the driver expects this
+        worker to hold (None: any)."""
+        if weights_version is not None and weights_version != self.weights_version:
+            raise WeightsOutOfDate(
+                f"worker pid {os.getpid()} holds weights version {self.weights_version}, "
+                f"the driver sent {weights_version}"
+            )
         gen = torch.Generator(device=self.device).manual_seed(seed)
         trajs = rollout(
             tasks,
