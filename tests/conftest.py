@@ -154,3 +154,16 @@ def hub_reciter(hub_dir, hub_model_config):
         loss.backward()
         opt.step()
     return model.eval(), cases
+
+
+MALFORMED_TURNS = [
+    ("just words", "needs exactly one <IS>"),
+    ("<IS> a </IS> words", "no action"),
+    ("<IS> a </IS><query> x <answer> y </answer>", "both a query and an answer"),
+    ("<IS> a </IS><query>  </query>", "empty query"),
+    ("<IS> a <IS> b </IS><query> x </query>", "needs exactly one <IS>"),
+    ("<query> x </query><IS> a </IS>", "tags out of order"),
+    ("<IS> a </IS><query> x </query> more", "tags out of order"),
+]
+"""(turn text, the rule its parse names) for every rule a malformed turn breaks: the
+environment's contract under both tag schemes (test_rollout, test_text_tags)."""

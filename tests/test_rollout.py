@@ -9,6 +9,7 @@ import dataclasses
 
 import pytest
 import torch
+from conftest import MALFORMED_TURNS
 
 from mem1_core.config import ModelConfig, RolloutConfig
 from mem1_core.models.model import build_tiny_model
@@ -157,15 +158,7 @@ class ReplayBackend:
 
 @pytest.mark.parametrize(
     ("text", "error"),
-    [
-        ("just words", "needs exactly one <IS>"),
-        ("<IS> a </IS> words", "no action"),
-        ("<IS> a </IS><query> x <answer> y </answer>", "both a query and an answer"),
-        ("<IS> a </IS><query>  </query>", "empty query"),
-        ("<IS> a <IS> b </IS><query> x </query>", "needs exactly one <IS>"),
-        ("<query> x </query><IS> a </IS>", "tags out of order"),
-        ("<IS> a </IS><query> x </query> more", "tags out of order"),
-    ],
+    MALFORMED_TURNS,
 )
 def test_each_malformed_turn_has_one_rule(env, small_tokenizer, text, error):
     ids = small_tokenizer.encode(text, add_special_tokens=False)

@@ -23,6 +23,7 @@ import types
 
 import pytest
 import torch
+from conftest import MALFORMED_TURNS
 
 from mem1_core.config import RolloutConfig
 from mem1_core.data.prompts import ANSWER_CLOSE, IS_OPEN, QUERY_CLOSE, TAGS
@@ -185,13 +186,7 @@ def _first_prefix(tok, ids, pred) -> int:
 @pytest.mark.parametrize(
     ("text", "error"),
     [
-        ("just words", "needs exactly one <IS>"),
-        ("<IS> a </IS> words", "no action"),
-        ("<IS> a </IS><query> x <answer> y </answer>", "both a query and an answer"),
-        ("<IS> a </IS><query>  </query>", "empty query"),
-        ("<IS> a <IS> b </IS><query> x </query>", "needs exactly one <IS>"),
-        ("<query> x </query><IS> a </IS>", "tags out of order"),
-        ("<IS> a </IS><query> x </query> more", "tags out of order"),
+        *MALFORMED_TURNS,
         ("<IS> a </IS><query> x </query>.\nmore", "tags out of order"),
     ],
 )
