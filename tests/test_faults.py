@@ -370,7 +370,7 @@ def test_a_killed_rollout_worker_is_restarted_and_its_share_redone(tmp_path, mon
     cfg = load_config("smoke", overrides=OVERRIDES)
     paths = prepare(cfg, tmp_path / "run")
     tasks = load_tasks(cfg, paths, "train", 2)[:2]
-    runtime = Runtime.start(cfg, paths, init=None, estimator="gae")
+    runtime = Runtime.start(cfg, paths, init=None)
     try:
         runtime.sync_weights()
         expected = runtime.rollout(tasks, seed=5)

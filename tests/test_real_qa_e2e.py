@@ -248,9 +248,7 @@ def trained(qa_files, corpus, encoder_dir, hub_dir, paths, composed, indexes) ->
     mp = pytest.MonkeyPatch()
     mp.setenv("WANDB_MODE", "disabled")
     try:
-        result = train_rl(
-            ppo_cfg, paths.root, estimator="gae", init=None, use_ray=False, show=False
-        )
+        result = train_rl(ppo_cfg, paths.root, init=None, use_ray=False, show=False)
     finally:
         mp.undo()
     return result | {"indexes_after": sorted(p.name for p in paths.indexes.iterdir())}

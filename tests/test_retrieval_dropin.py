@@ -133,12 +133,16 @@ def test_default_count_cap(url):
 
 def test_an_index_from_before_passages_serves_built_contents(corpus, tmp_path):
     # docs.arrow written before the `passage` column: loads, and serves `"Title"\ntext`.
+    # Such an index also predates the manifest's file sizes (`file_bytes`).
     index = build_index(corpus[0], "bm25", tmp_path / "idx", show_progress=False)
     docs = index / "docs.arrow"
     with pa.OSFile(str(docs), "rb") as source:  # read into memory: the file is rewritten
         table = pa.ipc.open_file(source).read_all().drop_columns("passage")
     with pa.OSFile(str(docs), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
+    manifest = json.loads((index / "manifest.json").read_text())
+    del manifest["file_bytes"]
+    (index / "manifest.json").write_text(json.dumps(manifest))
     old = load_index(index)
     hits = old.search(["Quorn country"], 1)[0]
     assert hits[0].passage is None
