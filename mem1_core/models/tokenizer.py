@@ -22,7 +22,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from mem1_core.data.prompts import TAGS
-from mem1_core.data.world import CODAS, ONSETS, VOWELS
+from mem1_core.data.world_model import CODAS, ONSETS, VOWELS
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 YEARS = range(1000, 2100)
