@@ -53,7 +53,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from deployments.launch import descendants  # noqa: E402
+from deployments.processes import alive, descendants  # noqa: E402
 
 PY = sys.executable
 ITERATIONS = 4
@@ -95,14 +95,6 @@ def env() -> dict[str, str]:
 
 def say(msg: str) -> None:
     print(f"[faults {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
 
 
 def title(pid: int) -> str:

@@ -26,6 +26,8 @@ from uuid import UUID
 
 import httpx
 
+from deployments.processes import descendants, stop_process_tree
+
 ROOT = Path(__file__).resolve().parents[1]
 PREFECT_FILE = ROOT / "deployments" / "prefect.yaml"
 POOL = "mem1-process"
@@ -34,7 +36,6 @@ POLL_SECONDS = 1.0
 SERVER_STOPS_ENV = "MEM1_SERVER_STOPS_ON_EXIT"
 """Set to 1 by `./dev train-eval` when the Prefect server it started stops with it."""
 CANCEL_GRACE_SECONDS = 8.0
-STOP_GRACE_SECONDS = 10.0
 
 
 def say(msg: str) -> None:
@@ -121,81 +122,6 @@ def start_worker(log_path: Path, pool: str = POOL, root: Path = ROOT) -> subproc
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live process under `pid` (children, grandchildren, …), from `ps`."""
-    out = subprocess.run(["ps", "-A", "-o", "pid=,ppid="], capture_output=True, text=True).stdout
-    children: dict[int, list[int]] = {}
-    for line in out.splitlines():
-        child, parent = (int(x) for x in line.split())
-        children.setdefault(parent, []).append(child)
-    found, stack = [], [pid]
-    while stack:
-        for c in children.get(stack.pop(), []):
-            found.append(c)
-            stack.append(c)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie has exited; it only waits for its parent to reap it.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
-def _signal_groups(pids: list[int], sig: int) -> None:
-    """Send `sig` once to each process group among `pids` (a group twice would make the
-    worker CLI escalate to SIGKILL); a pid in our own group gets it alone."""
-    own, groups = os.getpgrp(), set()
-    for pid in pids:
-        try:
-            group = os.getpgid(pid)
-        except ProcessLookupError:
-            continue
-        if group == own:
-            _kill(pid, sig)
-        elif group not in groups:
-            groups.add(group)
-            try:
-                os.killpg(group, sig)
-            except ProcessLookupError:
-                pass
-
-
-def _kill(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def stop_process_tree(proc: subprocess.Popen, grace: float = STOP_GRACE_SECONDS) -> None:
-    """SIGTERM `proc` and every process under it — each in its process group, since a
-    worker starts each flow run in a new session — then SIGKILL what is left after `grace`.
-
-    The tree is read before any signal: once the worker dies its orphans are re-parented
-    and could no longer be found from it."""
-    pids = [proc.pid, *descendants(proc.pid)] if proc.poll() is None else []
-    _signal_groups(pids, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(_alive(p) for p in pids if p != proc.pid):
-        proc.poll()
-        time.sleep(0.1)
-    try:
-        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        pass
-    _signal_groups([p for p in pids if _alive(p)], signal.SIGKILL)
-    proc.wait()
 
 
 # ---- the flow run -------------------------------------------------------------------------

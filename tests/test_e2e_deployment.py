@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from deployments import launch
+from deployments.processes import alive, descendants, stop_process_tree
 from flows.pipeline import PIPELINE, STAGES, StageResult, headline_rows
 from mem1_core.runs.layout import newest_checkpoint_under as latest_checkpoint
 from mem1_core.runs.summary import render_summary
@@ -144,33 +145,22 @@ def test_deployment_file_names_the_flows_and_a_nightly_cron():
     )
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie has exited; a container's init may be slow to reap it
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
 def test_stop_process_tree_reaches_processes_in_other_sessions():
     # Like a worker: a child in its own session, whose own child (a flow run) starts
     # another session, plus an ordinary grandchild.
     script = "setsid sleep 300 & sleep 300 & wait"
     proc = subprocess.Popen(["bash", "-c", script], start_new_session=True)
     deadline = time.monotonic() + 10
-    while len(launch.descendants(proc.pid)) < 2 and time.monotonic() < deadline:
+    while len(descendants(proc.pid)) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
-    tree = launch.descendants(proc.pid)
+    tree = descendants(proc.pid)
     assert len(tree) >= 2
     assert len({os.getpgid(p) for p in tree}) == 2, "one grandchild left the worker's group"
-    launch.stop_process_tree(proc, grace=5)
+    stop_process_tree(proc, grace=5)
     deadline = time.monotonic() + 5
-    while any(_alive(p) for p in tree) and time.monotonic() < deadline:
+    while any(alive(p) for p in tree) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not [p for p in [proc.pid, *tree] if _alive(p)]
+    assert not [p for p in [proc.pid, *tree] if alive(p)]
 
 
 # ---- against a real Prefect server --------------------------------------------------------
@@ -202,7 +192,7 @@ def _processes_of_flow_run(flow_run_id: UUID) -> list[int]:
                     found.append(int(entry.name))
             except OSError:
                 continue
-    return [p for p in found if _alive(p)]
+    return [p for p in found if alive(p)]
 
 
 def _worker_processes(name: str) -> list[int]:
@@ -210,7 +200,7 @@ def _worker_processes(name: str) -> list[int]:
     return [
         int(line.split()[0])
         for line in out.splitlines()
-        if "worker start" in line and f"--name {name}" in line and _alive(int(line.split()[0]))
+        if "worker start" in line and f"--name {name}" in line and alive(int(line.split()[0]))
     ]
 
 
@@ -265,11 +255,11 @@ def test_train_eval_deployment_runs_on_a_worker(deployed, tmp_path):
         assert run.name == "e2e", "the flow run is named after its run directory"
         engine_pids = _processes_of_flow_run(flow_run_id)
     finally:
-        tree = [worker.pid, *launch.descendants(worker.pid)]
-        launch.stop_process_tree(worker)
+        tree = [worker.pid, *descendants(worker.pid)]
+        stop_process_tree(worker)
     assert not _worker_processes(worker_name), "a prefect worker is still running"
-    assert not [p for p in tree if _alive(p)]
-    assert not engine_pids or not [p for p in engine_pids if _alive(p)]
+    assert not [p for p in tree if alive(p)]
+    assert not engine_pids or not [p for p in engine_pids if alive(p)]
 
     run_dir = runs_root / "e2e"
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -362,7 +352,7 @@ def test_interrupted_launcher_leaves_no_process(deployed, tmp_path):
                     break
                 time.sleep(0.25)
         assert flow_run_id is not None, "the flow run never started running"
-        tree = [p for w in _worker_processes(worker_name) for p in [w, *launch.descendants(w)]]
+        tree = [p for w in _worker_processes(worker_name) for p in [w, *descendants(w)]]
         assert _processes_of_flow_run(flow_run_id), "no process runs the flow run"
         t0 = time.perf_counter()
         proc.send_signal(signal.SIGINT)  # what Ctrl-C in a terminal does
@@ -379,5 +369,5 @@ def test_interrupted_launcher_leaves_no_process(deployed, tmp_path):
     assert "interrupted" in out and "worker stopped" in out
     assert state is not None and state.is_final() and not state.is_completed(), state
     assert not _worker_processes(worker_name), "a prefect worker is still running"
-    assert not [p for p in tree if _alive(p)]
+    assert not [p for p in tree if alive(p)]
     assert not _processes_of_flow_run(flow_run_id)
