@@ -86,7 +86,8 @@ def train_ppo_mem1(
         memory = policy
     cfg = _with_memory(build_config(profile, config_path, overrides), memory)
     root = Path(run_dir)
-    out = root / (PPO_MEM1 if memory == "mem1" else PPO_FULL)
+    # mem1+recall is an arm of its own, not the full-context agent's directory
+    out = root / {"mem1": PPO_MEM1, "mem1+recall": "ppo_mem1+recall"}.get(memory, PPO_FULL)
     init = root / WARM_START if has_warm_start(cfg) else None  # None: the pretrained model
     result = train_rl(cfg, out, resume=_resume(out), init=init, show=False)
     publish_table(

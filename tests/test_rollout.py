@@ -30,6 +30,8 @@ CFG = RolloutConfig(
     turns_base=1, turns_per_objective=1, gen_tokens_base=12, gen_tokens_per_objective=2
 )
 REPLAY = dataclasses.replace(CFG, gen_tokens_base=64)
+POLICIES = ("mem1", "full", "truncate", "mem1+recall")
+"""Every memory (mem1_core.rollout.memory); mem1+recall's recall turns: tests/test_recall.py."""
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +54,7 @@ def env(small_tokenizer, small_index):
 def rollouts(model, env, small_tasks, small_tokenizer):
     backend = HFBackend(model, small_tokenizer.pad_token_id, small_tokenizer.eos_token_id)
     out = {}
-    for policy in ("mem1", "full", "truncate"):
+    for policy in POLICIES:
         cfg = dataclasses.replace(CFG, memory=policy, truncate_turns=1)
         out[policy] = rollout(
             small_tasks[:5],
@@ -65,7 +67,7 @@ def rollouts(model, env, small_tasks, small_tokenizer):
     return out
 
 
-@pytest.mark.parametrize("policy", ["mem1", "full", "truncate"])
+@pytest.mark.parametrize("policy", POLICIES)
 def test_untrained_rollout_runs_to_the_end_and_round_trips(rollouts, policy, tmp_path):
     trajs = rollouts[policy]
     assert len(trajs) == 5 and all(t.done for t in trajs)
@@ -77,7 +79,7 @@ def test_untrained_rollout_runs_to_the_end_and_round_trips(rollouts, policy, tmp
     assert read_trajectories(tmp_path / "t.parquet") == trajs
 
 
-@pytest.mark.parametrize("policy", ["mem1", "full", "truncate"])
+@pytest.mark.parametrize("policy", POLICIES)
 def test_recorded_logprobs_equal_a_rerun_of_each_turns_context(rollouts, model, policy):
     for traj in rollouts[policy]:
         ref = per_turn_logprobs(model, turn_paths(traj))
@@ -85,7 +87,7 @@ def test_recorded_logprobs_equal_a_rerun_of_each_turns_context(rollouts, model, 
             torch.testing.assert_close(torch.tensor(turn.gen_logprobs), r, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("policy", ["mem1", "full", "truncate"])
+@pytest.mark.parametrize("policy", POLICIES)
 def test_flattened_tree_matches_the_definition_on_real_rollouts(
     rollouts, model, policy, small_tokenizer
 ):

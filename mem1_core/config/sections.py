@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-MEMORIES = ("mem1", "full", "truncate")
+MEMORIES = ("mem1", "full", "truncate", "mem1+recall")
 """The memory policies (mem1_core.rollout.memory)."""
 
 
@@ -211,7 +211,8 @@ class RolloutConfig(Section):
     """Multi-turn rollout: memory policy, turn and token budgets, sampling."""
 
     memory: str = "mem1"
-    """Memory policy: `mem1`, `full` or `truncate` (was `rollout.policy`)."""
+    """Memory policy: `mem1`, `full`, `truncate` or `mem1+recall` (MEM1 with recall of pruned
+    `<info>` blocks, mem1_core.rollout.recall) (was `rollout.policy`)."""
     truncate_turns: int = 2
     """`truncate`: how many of the last turns stay in context."""
     turns_base: int = 2
@@ -237,7 +238,7 @@ class RolloutConfig(Section):
 
     def __post_init__(self) -> None:
         if self.memory not in MEMORIES:
-            raise ValueError(f"rollout.memory={self.memory!r}: use mem1, full or truncate")
+            raise ValueError(f"rollout.memory={self.memory!r}: use one of {', '.join(MEMORIES)}")
         if self.backend not in ("hf", "vllm", "auto"):
             raise ValueError(
                 f"rollout.backend={self.backend!r}: use hf (Hugging Face), vllm (needs the "

@@ -327,4 +327,4 @@ class PretrainConfig(Section):
         if set(self.eval_world_seeds) & set(range(self.world_seed, self.world_seed + 10**5)):
             raise ValueError("pretrain.eval_world_seeds overlap the training worlds' seeds")
         if not set(self.memories) <= set(MEMORIES):
-            raise ValueError("pretrain.memories: choose from mem1, full, truncate")
+            raise ValueError(f"pretrain.memories: choose from {', '.join(MEMORIES)}")

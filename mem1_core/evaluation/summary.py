@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mem1_core.evaluation.metrics import unknown_rate
+from mem1_core.rollout.recall import recall_count
 from mem1_core.trajectory.record import Trajectory
 
 TRAINING_NAMES: dict[str, str] = {"reward": "em_frac", "f1": "f1_frac", "answered": "answered_rate"}
@@ -30,6 +31,7 @@ def summarize(trajs: Sequence[Trajectory], seconds: float | None = None) -> dict
         "unknown_rate": unknown_rate([t.answer for t in trajs]),
         "format_error_rate": sum(t.format_errors for t in trajs) / max(turns, 1),
         "turns": turns / n,
+        "recalls": sum(recall_count(t) for t in trajs) / n,  # 0 but under mem1+recall
         "peak_tokens": sum(t.peak_tokens for t in trajs) / n,
         "peak_tokens_max": max((t.peak_tokens for t in trajs), default=0),
         "dependency": sum(t.dependency for t in trajs) / n,

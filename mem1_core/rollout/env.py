@@ -52,10 +52,23 @@ class Parsed:
     error: str | None = None  # why the turn is invalid
 
 
+NO_RESULTS = "No results."
+"""The body of an `<info>` for a search (or a recall) that found nothing."""
+
+
 def format_passages(hits: list[Hit]) -> str:
     if not hits:
-        return "No results."
+        return NO_RESULTS
     return "\n".join(f"Doc {i} (Title: {h.title}) {h.text}" for i, h in enumerate(hits, 1))
+
+
+def info_body(info_text: str) -> str:
+    """The body of an `<info>` block that QAEnvironment.info_block wrote (its inverse): the
+    text between `<info>` and the newline before the one-line turns-left hint."""
+    if not (info_text.startswith(INFO_OPEN) and info_text.endswith(INFO_CLOSE)):
+        raise ValueError(f"not an info block: {info_text[:40]!r}")
+    inner = info_text[len(INFO_OPEN) : -len(INFO_CLOSE)]
+    return inner[: inner.rindex("\n")]
 
 
 STOP_TAGS = (QUERY_CLOSE, ANSWER_CLOSE)

@@ -4,7 +4,9 @@ memory policy -> trajectories.
 Each turn, every live trajectory's context is rebuilt from id segments by the memory policy
 (never from decoded text, docs/design.md §4.1), all live contexts are generated together, every
 query of the turn goes to the retriever in one batched call, and each trajectory records
-its context references, generated ids and log-probs, info ids and timing.
+its context references, generated ids and log-probs, info ids and timing. Under a recall
+memory (`mem1+recall`) a `recall: …` query is answered from the trajectory's own earlier
+blocks instead (mem1_core.rollout.recall); its block is that turn's info ids like any other.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from tqdm.auto import tqdm
 from mem1_core.config import RolloutConfig
 from mem1_core.rollout.env import FORMAT_HINT, QAEnvironment, format_passages
 from mem1_core.rollout.generation import GenerationBackend, SamplingParams
-from mem1_core.rollout.memory import get_memory
+from mem1_core.rollout.memory import get_memory, has_recall
+from mem1_core.rollout.recall import recall, recall_query
 from mem1_core.trajectory.record import Action, Trajectory, Turn
 
 
@@ -146,7 +149,11 @@ def _env_step(
             tr.done = True
         elif parsed.action is Action.QUERY:
             turn.query = parsed.text
-            queries.append((i, parsed.text))
+            asked = recall_query(parsed.text) if has_recall(tr.memory) else None
+            if asked is not None:  # answered from the trajectory's own pruned blocks
+                _set_info(env, cfg, tr, turn, recall(tr, asked))
+            else:
+                queries.append((i, parsed.text))
         else:
             _set_info(env, cfg, tr, turn, FORMAT_HINT)
     results = env.search([q for _, q in queries])

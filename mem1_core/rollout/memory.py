@@ -1,10 +1,13 @@
 """Memory policies: given a trajectory so far, the next turn's context as segments.
 
-One signature, three policies over the same rollout, trainer and evaluation (docs/design.md §4.4):
+One signature, four policies over the same rollout, trainer and evaluation (docs/design.md §4.4):
 - `mem1`: the task prompt + the last turn's `<IS>…</IS><query>…</query>` + its `<info>`.
   Everything older is pruned; the internal state is the agent's only memory (MEM1 §3).
 - `full`: the prompt and every earlier turn and info block (the ReAct / Search-R1 baseline).
 - `truncate`: the prompt + the last k turns with their info blocks.
+- `mem1+recall`: MEM1's context, and a query written `recall: …` is answered from the
+  trajectory's own pruned `<info>` blocks instead of the retriever (mem1_core.rollout.recall,
+  issue 17). Its contexts are MEM1's; the difference is in the environment step.
 
 MEM1 carries an exact slice of the last turn's generated ids, from its `<IS>` tag to the end
 of the turn (anything the model wrote before `<IS>` is dropped). A turn that has no `<IS>` is
@@ -54,7 +57,16 @@ MEMORY_POLICIES: dict[str, MemoryPolicy] = {
     "mem1": mem1_context,
     "full": full_context,
     "truncate": truncate_context,
+    "mem1+recall": mem1_context,
 }
+
+RECALL_MEMORIES = frozenset({"mem1+recall"})
+"""Memories whose environment answers `<query> recall: …</query>` from the trajectory's store
+(mem1_core.rollout.recall); under the others such a query is an ordinary search."""
+
+
+def has_recall(memory: str) -> bool:
+    return memory in RECALL_MEMORIES
 
 
 def get_memory(name: str) -> MemoryPolicy:

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from mem1_core.cli.commands.data import add_config_args, config_from_args
+from mem1_core.config import MEMORIES
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=[],
         metavar="NAME=POLICY_DIR[:MEMORY]",
         help="a saved policy (save_pretrained dir) and its memory policy "
-        "(mem1|full|truncate; default mem1); repeatable",
+        f"({'|'.join(MEMORIES)}; default mem1); repeatable",
     )
     p.add_argument("--teacher", action="store_true", help="add the scripted teacher as a row")
     p.add_argument("--objectives", default=None, help="comma-separated N values")
@@ -31,7 +32,10 @@ def parse_agent(spec: str) -> tuple[str, str, str]:
         raise ValueError(f"--agent {spec!r}: write NAME=POLICY_DIR[:MEMORY]")
     name, rest = spec.split("=", 1)
     path, _, memory = rest.partition(":")
-    return name, path, memory or "mem1"
+    memory = memory or "mem1"
+    if memory not in MEMORIES:
+        raise ValueError(f"--agent {spec!r}: memory {memory!r} is not one of {', '.join(MEMORIES)}")
+    return name, path, memory
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ import dataclasses
 import json
 
 from mem1_core.cli.commands.data import add_config_args, config_from_args
+from mem1_core.config import MEMORIES
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--memory",
         default=None,
-        choices=["mem1", "full", "truncate"],
+        choices=list(MEMORIES),
         help="memory policy (default: rollout.memory)",
     )
     p.add_argument("-n", "--objectives", type=int, default=2)

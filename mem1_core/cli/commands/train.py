@@ -9,6 +9,7 @@ import argparse
 import json
 
 from mem1_core.cli.commands.data import add_config_args, config_from_args
+from mem1_core.config import MEMORIES
 
 TRAINERS = {
     "ppo": "PPO with a critic (GAE), the paper's RL (sets ppo.adv_estimator=gae)",
@@ -44,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             t.add_argument(
                 "--memory",
                 default=None,
-                choices=["mem1", "full", "truncate"],
+                choices=list(MEMORIES),
                 help="memory policy of the teacher trajectories (default: rollout.memory)",
             )
             t.set_defaults(func=cmd_sft)
