@@ -18,6 +18,13 @@ Two knobs make it err on purpose, as the paper's GPT-4o teacher does:
   reward nothing to teach within a CPU budget (README, "Training").
   The decision is a fixed function of (seed, task, sample, objective), so a turn's text
   depends only on its trajectory, as for every other choice of the teacher.
+
+Under `mem1+recall` (mem1_core.rollout.recall) the teacher uses the backstop where it lapsed:
+once every lookup is done, before answering, it replays each forgotten objective's lookups
+as recalls (`<query> recall: Island of Zirer</query>`: the entity its question names, then
+the fact that recall brought back) and folds the recalled facts into its `<IS>` in place of
+`?`, as many objectives as its turn budget allows. Under every other memory it plays exactly
+as without recall.
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ from mem1_core.data.prompts import (
 )
 from mem1_core.rollout.generation import Generation
 from mem1_core.rollout.loop import Task
+from mem1_core.rollout.memory import has_recall
+from mem1_core.rollout.recall import RECALL_PREFIX, is_recall
 from mem1_core.trajectory.record import Action, Trajectory
 
 
@@ -114,15 +123,26 @@ class ScriptedTeacher:
     def turn_text(self, traj: Trajectory, params) -> str:
         task = self.tasks[traj.task_id]
         steps = task_steps(task)
-        found: list[list[str | None]] = [[] for _ in steps]
-        queries = [t for t in traj.turns if t.action is Action.QUERY]
         order = [s for obj in steps for s in obj]
-        for step, turn in zip(order, queries, strict=False):
+        lookups, recalls = [], []  # recalls: only under a recall memory
+        for t, turn in enumerate(traj.turns):
+            if turn.action is Action.QUERY:
+                (recalls if is_recall(traj, t) else lookups).append(turn)
+        found: list[list[str | None]] = [[] for _ in steps]
+        for step, turn in zip(order, lookups, strict=False):
             found[step.objective].append(step.answer if step.answer in turn.info_text else None)
-        done = len(queries)
+        done = len(lookups)
         last_turn = len(traj.turns) + 1 >= traj.max_turns
         forgotten = self.forgotten(traj, steps, found)
-        state = self.state_text(task, steps, found, forgotten)
+        plan = self.recall_plan(traj, steps, forgotten) if has_recall(traj.memory) else []
+        # What the recalls brought back replaces a forgotten objective's `?` (facts taken, as
+        # from any <info>, only when the recalled block holds them).
+        back: list[list[str | None]] = [[] for _ in steps]
+        for step, turn in zip(plan, recalls, strict=False):
+            back[step.objective].append(step.answer if step.answer in turn.info_text else None)
+        held = [b or f for f, b in zip(found, back, strict=True)]
+        lapsed = {i for i in forgotten if not back[i]}
+        state = self.state_text(task, steps, held, lapsed)
         if done < len(order) and not last_turn:
             nxt = order[done]
             # a bridge's second hop queries the first hop's finding (copied from the state)
@@ -131,15 +151,35 @@ class ScriptedTeacher:
                 f"{IS_OPEN} {state} Next: Q{nxt.objective + 1}. {IS_CLOSE}"
                 f"{QUERY_OPEN} {query}{QUERY_CLOSE}"
             )
+        if len(recalls) < len(plan) and not last_turn:
+            # the forgotten objective's lookups again, asked of the trajectory's own blocks:
+            # the first names an entity of its question, the next the fact just recalled
+            nxt = plan[len(recalls)]
+            return (
+                f"{IS_OPEN} {state} Next: Q{nxt.objective + 1}. {IS_CLOSE}"
+                f"{QUERY_OPEN} {RECALL_PREFIX} {nxt.query}{QUERY_CLOSE}"
+            )
         # A space after <query> / <answer>: the tiny tokenizer's words carry their leading
         # space (▁), and a word glued to a tag is other tokens ("<answer>1718" is 1,7,1,8
         # where the state and the documents say ▁1718), so copying a name or a year into
         # the action would be a spelling lesson per entity instead of a copy of the same ids.
         answers = [
-            UNKNOWN if i in forgotten else self._maybe_wrong(final_answer(s, f), s)
-            for i, (s, f) in enumerate(zip(steps, found, strict=True))
+            UNKNOWN if i in lapsed else self._maybe_wrong(final_answer(s, f), s)
+            for i, (s, f) in enumerate(zip(steps, held, strict=True))
         ]
         return f"{IS_OPEN} {state} {IS_CLOSE}{ANSWER_OPEN} {join_answers(answers)}{ANSWER_CLOSE}"
+
+    @staticmethod
+    def recall_plan(traj: Trajectory, steps: list[list[Step]], forgotten: set[int]) -> list[Step]:
+        """The recalls the teacher makes once every lookup is done, in order: each forgotten
+        objective's lookups replayed against the store, for as many whole objectives (in
+        question order) as the turn budget leaves room for before the answer turn."""
+        spare = traj.max_turns - sum(len(obj) for obj in steps) - 1
+        plan: list[Step] = []
+        for i in sorted(forgotten):
+            if len(plan) + len(steps[i]) <= spare:
+                plan += steps[i]
+        return plan
 
     def forgotten(
         self, traj: Trajectory, steps: list[list[Step]], found: list[list[str | None]]
