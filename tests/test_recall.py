@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -307,6 +308,30 @@ def test_the_teacher_recalls_what_it_forgot_and_answers_as_the_perfect_teacher(
             if step.answer in r.turns[t].info_text:
                 state = r.turns[t + 1].gen_text.split("</IS>")[0]
                 assert f"Q{step.objective + 1}: ?." not in state
+
+
+def test_the_teacher_takes_nothing_from_a_recall_that_brings_nothing_back(
+    small_world, small_tokenizer, env, monkeypatch
+):
+    """Facts come only from the recalled <info>, never from the teacher's own plan: with a
+    store that answers every recall "No results.", what it forgot stays `?`."""
+    import mem1_core.rollout.loop as loop
+
+    monkeypatch.setattr(loop, "recall", lambda traj, query: "No results.")
+    tasks = _tasks(small_world, 2)[:10]
+    trajs = rollout(
+        tasks,
+        ScriptedTeacher(small_tokenizer, tasks, forget_rate=1.0),
+        env,
+        ROOMY,
+        memory="mem1+recall",
+    )
+    for traj in trajs:
+        assert recall_count(traj) >= 1
+        assert split_answers(traj.answer)[0] == "?" and traj.em[0] == 0.0
+        first = next(k for k in range(len(traj.turns)) if is_recall(traj, k))
+        for turn in traj.turns[first:]:  # Q1 stays unknown (a comparison may keep one name)
+            assert re.search(r"Q1: [^.]*\?\.", turn.gen_text.split("</IS>")[0]), turn.gen_text
 
 
 def test_the_teacher_recalls_only_what_its_turn_budget_leaves_room_for(
