@@ -122,6 +122,15 @@ class PPOConfig(Section):
     per trajectory); mem1_core.rl.rollout_correction."""
     rollout_is_threshold: float = 2.0
     """The truncation cap of those weights (verl's default 2.0)."""
+    overlap_rollouts: bool = False
+    """Beyond the paper (issue 17): roll out iteration k+1 while the learner runs iteration k's
+    update, as verl's one-step off-policy recipe and AReaL's asynchronous RL do (AReaL with a
+    staleness bound of 1). Iteration k+1 then trains on samples of the policy before update k,
+    one update stale (`rollout_staleness` in metrics.jsonl), so it needs `rollout_is`: the
+    learner's recomputed log-probs are PPO's proximal (old) policy and the rollout's are the
+    behaviour policy (verl's decoupled mode; mem1_core.rl.rollout_correction). On Ray only;
+    with --no-ray the same schedule runs one step after the other (same numbers, no speed-up).
+    False: the synchronous loop, unchanged."""
     kl_ctrl: str = "fixed"
     """`fixed` or `adaptive` (verl: algorithm.kl_ctrl.type; mem1_core.rl.kl_control): the
     adaptive controller moves kl_coef once per iteration towards `target_kl`."""
@@ -178,6 +187,12 @@ class PPOConfig(Section):
             raise ValueError(
                 f"ppo.rollout_is_threshold={self.rollout_is_threshold}: the cap of the "
                 "importance weights must be > 0 (verl's default is 2.0)"
+            )
+        if self.overlap_rollouts and self.rollout_is is None:
+            raise ValueError(
+                "ppo.overlap_rollouts=true trains on rollouts sampled one update earlier: set "
+                "ppo.rollout_is=token (or sequence) so the loss is importance-weighted from "
+                "the policy that sampled them to the one the PPO ratio is taken against"
             )
         if self.loss_scale_factor is not None and self.loss_scale_factor <= 0:
             raise ValueError(

@@ -19,6 +19,16 @@ upper bound truncates, and the weights are constants (no gradient).
 With the Hugging Face backend on CPU the two log-probs agree to ~1e-6 (weights ~ 1, none
 truncated); the correction matters once vLLM generates, or rollouts run ahead of the
 learner.
+
+Rollouts ahead of the learner (`ppo.overlap_rollouts`): iteration k's samples come from the
+weights before update k-1, and the learner recomputes pi_old under its weights before update
+k. The pair is still (pi_old, pi_rollout), now a policy step apart: three policies, as in
+decoupled PPO (Hilton et al. 2021) in verl's decoupled mode (pi_old recomputed, not verl's
+`bypass_mode`, which would clip against the stale sampler) and AReaL's decoupled objective
+(its proximal policy is our pi_old, its behaviour policy our pi_rollout). The PPO ratio
+pi_theta / pi_old stays the trust region around the current weights; w = pi_old / pi_rollout
+corrects for the stale sampler. Where they differ: AReaL drops tokens whose weight exceeds
+`behav_imp_weight_cap`; this one, verl's TIS, keeps them at the cap.
 """
 
 from __future__ import annotations

@@ -25,12 +25,21 @@ worker must hold to roll out (`WeightsOutOfDate`), so a worker that restarted un
 between two calls, is found and brought up to date too. The learner is not restarted: its
 state since the last checkpoint (weights, optimiser moments) is gone with it, so its death
 stops the run (`ActorLost`) and `--resume` continues from the checkpoint.
+
+Overlapped rollouts (`ppo.overlap_rollouts`, issue 17). `start_rollout` sends the workers
+their shares and returns at once (`PendingRollout`); `collect` waits for the answers. A Ray
+actor runs its calls in the order they were sent, so a rollout started before the learner's
+update samples with the weights of the sync before it, and the weights that `sync_weights(
+wait=False)` sends after the update load once that rollout is done: the driver need not wait
+for them (they are waited for when the next rollout starts). In this process (`use_ray=False`)
+a rollout runs when it is started, so the same schedule runs one step after the other.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +70,22 @@ def _handled_cause(error: Exception) -> Exception | None:
     return cause if isinstance(cause, (OSError, WeightsOutOfDate)) else None
 
 
+@dataclass
+class PendingRollout:
+    """A rollout sent to the workers (`Runtime.start_rollout`), answered by `Runtime.collect`."""
+
+    shares: dict[int, dict[str, Any]]
+    """Worker index -> the arguments of its call (its tasks, seed, weights version)."""
+    calls: dict[int, Any]
+    """Worker index -> its answer: an ObjectRef (Ray), or the trajectories (in process)."""
+    weights_version: int
+    """The weight sync the workers sample with. A share redone after its worker died is
+    sampled with the learner's weights of then (`Runtime._rollout_share`), which can be newer."""
+    busy_seconds: float = 0.0
+    """Set by `collect`: the longest share's rollout time (generation and environment), as the
+    trajectories record it; the driver may have waited less (the rollout ran beside an update)."""
+
+
 class Runtime:
     """Workers and learner, remote (Ray actors) or local (plain objects), called alike.
     `learners` is the one Learner, or the FSDP group's ranks (rank 0 first): every learner
@@ -84,6 +109,8 @@ class Runtime:
         with, which are this run's unless the actors came from an earlier run."""
         self.weights_version = 0
         """Bumped at every weight sync; a worker must hold the current one to roll out."""
+        self._loads: list[Any] = []
+        """Weight loads `sync_weights(wait=False)` sent and nobody has waited for yet."""
 
     @classmethod
     def start(
@@ -182,6 +209,16 @@ class Runtime:
         self, tasks: list[Task], seed: int, *, greedy: bool = False, samples_per_task: int = 1
     ) -> list[Trajectory]:
         """Split `tasks` into contiguous shares, one per worker; trajectories in task order."""
+        return self.collect(
+            self.start_rollout(tasks, seed, greedy=greedy, samples_per_task=samples_per_task)
+        )
+
+    def start_rollout(
+        self, tasks: list[Task], seed: int, *, greedy: bool = False, samples_per_task: int = 1
+    ) -> PendingRollout:
+        """Send each worker its share of `rollout` and return without waiting (in this
+        process: roll out now). The workers sample with the weights of the latest sync."""
+        self._settle_loads()
         n = len(self.workers)
         bounds = [len(tasks) * i // n for i in range(n + 1)]
         shares = {
@@ -197,15 +234,26 @@ class Runtime:
             if bounds[i + 1] > bounds[i]
         }
         calls = {i: self._call(self.workers[i], "rollout", **kw) for i, kw in shares.items()}
-        return [t for i, call in calls.items() for t in self._rollout_share(i, call, shares[i])]
+        return PendingRollout(shares, calls, self.weights_version)
 
-    def _rollout_share(self, i: int, call: Any, share: dict[str, Any]) -> list[Trajectory]:
+    def collect(self, pending: PendingRollout) -> list[Trajectory]:
+        """The trajectories of a started rollout, in task order (each share retried on a
+        restarted worker if its process died)."""
+        answers = [self._rollout_share(i, call, pending) for i, call in pending.calls.items()]
+        pending.busy_seconds = max((sum(t.wall_seconds for t in a) for a in answers), default=0.0)
+        return [t for a in answers for t in a]
+
+    def _rollout_share(self, i: int, call: Any, pending: PendingRollout) -> list[Trajectory]:
         """Worker `i`'s answer to `call`. If its process died (or restarted since the last
         weight sync), wait for Ray's restart, send it the learner's weights and ask again
-        for the same share: the answer is the one the first call would have given."""
+        for the same share: the answer is the one the first call would have given, unless a
+        sync came between the start of the rollout and the retry (an overlapped rollout):
+        then the share is sampled with the newer weights, and `pending` says so."""
         if not self.remote:
             return call
         import ray
+
+        share = pending.shares[i]
 
         for attempt in range(WORKER_RESTARTS + 1):
             try:
@@ -228,6 +276,8 @@ class Runtime:
                 except ray.exceptions.RayActorError as dead:
                     self._raise_if_learner(dead, "a worker's restart")
                     raise ActorLost(f"rollout worker {i} could not be restarted: {dead}") from dead
+                share["weights_version"] = self.weights_version  # what _revive_worker loaded
+                pending.weights_version = min(pending.weights_version, self.weights_version)
                 call = self._call(self.workers[i], "rollout", **share)
         raise AssertionError("unreachable")
 
@@ -304,10 +354,13 @@ class Runtime:
             trajs = ray.put(trajs)  # stored once, read by every rank
         return self._on_learners("update", trajs, iteration)
 
-    def sync_weights(self) -> None:
+    def sync_weights(self, *, wait: bool = True) -> None:
         """Learner -> object store -> every worker (an ObjectRef is resolved in the worker).
         FSDP ranks gather the full weights together; rank 0's copy is the one sent. A worker
-        that dies meanwhile is left for the next rollout to revive (it is out of date)."""
+        that dies meanwhile is left for the next rollout to revive (it is out of date).
+        `wait=False`: return once the learner has been asked for its weights; a worker loads
+        them after the calls sent to it before (an overlapped rollout), and the next
+        `start_rollout` waits for the loads."""
         self.weights_version += 1
         weights = [self._call(r, "get_weights") for r in self.learners]
         loads = [
@@ -315,10 +368,20 @@ class Runtime:
         ]
         if not self.remote:
             return
+        self._loads = [*self._loads, *loads, *weights[1:]]
+        if wait:
+            self._settle_loads()
+
+    def _settle_loads(self) -> None:
+        """Wait for the weight loads in flight; a worker that died during one is revived by
+        the next rollout, a learner that died stops the run (`ActorLost`)."""
+        loads, self._loads = self._loads, []
+        if not loads:
+            return
         import ray
 
         try:
-            self._get_all([*loads, *weights[1:]])
+            self._get_all(loads)
         except ray.exceptions.RayActorError as e:
             self._raise_if_learner(e, "a weight sync")
             # The loads still in flight land before any later call to their workers.
@@ -337,6 +400,7 @@ class Runtime:
         threads = max(1, int(resources.cpus_per_worker))
         self.worker_args = (cfg, root, init, self.retriever, threads)
         self.weights_version = 0
+        self._loads = []
         workers = [w.reset.remote(*self.worker_args) for w in self.workers]
         learners = [
             r.reset.remote(cfg, root, init, max(1, int(resources.learner_cpus)))

@@ -14,6 +14,18 @@ trajectory, evaluation and metrics entries of iterations >= K (written after it,
 that then died), so a run killed at any moment and resumed has every iteration exactly
 once, and the files of iterations before K are never rewritten.
 
+Overlapped rollouts (`ppo.overlap_rollouts`, issue 17; verl's one-step off-policy recipe,
+AReaL's asynchronous RL with staleness 1): iteration k+1's rollout is started on the workers
+before iteration k's update, so the two run side by side; iteration k+1 then trains on
+samples of the policy before update k (`rollout_staleness` 1; the first iteration of a run,
+and of a resumed run, 0). The rollout importance weights correct for it (`ppo.rollout_is`,
+required): the learner's log-probs under its current weights are PPO's old (proximal) policy,
+the rollout's recorded ones the behaviour policy. A checkpoint holds what the iterations
+before it produced and nothing of the rollout in flight, which no file records until its
+iteration ends: a resumed run redoes that rollout with the checkpoint's weights (staleness 0),
+so it loses or repeats no iteration but is not bit-identical to an unbroken overlapped run
+(the synchronous loop is). A run that ends on `ppo.minutes` leaves one rollout unused.
+
 Faults the loop cannot ride out (issue 18: the learner process lost, the retrieval server
 down past `retrieval.outage_seconds`, a full disk) stop the run with `RunStopped`, whose
 message names the fault and the checkpoint a `--resume` continues from; a rollout worker
@@ -51,7 +63,7 @@ from mem1_core.runs.checkpoint import (
 from mem1_core.runs.faults import ActorLost, DiskFull, RunStopped, root_cause
 from mem1_core.runs.layout import RunPaths, resolve_init
 from mem1_core.runs.progress import Progress as StageProgress
-from mem1_core.training.runtime import Runtime
+from mem1_core.training.runtime import PendingRollout, Runtime
 from mem1_core.trajectory.record import Trajectory, write_trajectories
 
 log = logging.getLogger(__name__)
@@ -178,15 +190,23 @@ def iteration_record(
     seconds: float,
     rollout_seconds: float,
     elapsed_seconds: float,
+    rollout: PendingRollout,
+    staleness: int,
 ) -> dict[str, Any]:
-    """One metrics.jsonl line: rollout means, learner stats (train/*), timing."""
+    """One metrics.jsonl line: rollout means, learner stats (train/*), timing. Timing:
+    `seconds` the iteration's wall time; `rollout_seconds` what of it the iteration waited
+    for its rollout; `rollout_busy_seconds` the rollout's own time (the longest worker share;
+    under overlap mostly hidden behind the update before); `train/update_seconds` the
+    learner's. `rollout_staleness`: updates between the sampling weights and the learner's."""
     return {
         "iteration": it,
         **training_summary(trajs),
         **{f"train/{k}": v for k, v in stats.items()},
         "kl": stats.get("kl_ref", 0.0),
+        "rollout_staleness": staleness,
         "seconds": seconds,
         "rollout_seconds": rollout_seconds,
+        "rollout_busy_seconds": rollout.busy_seconds,
         "elapsed_seconds": elapsed_seconds,
         "tokens_per_s": stats["gen_tokens"] / seconds,
     }
@@ -265,23 +285,40 @@ def train_rl(
         extra, t_start = {"init": None if init_dir is None else str(init_dir)}, time.perf_counter()
         done = paths.read_metrics()
         record: dict[str, Any] = done[-1] if done else {}
+        overlap = cfg.ppo.overlap_rollouts
+        if overlap and not use_ray:
+            log.warning(
+                "ppo.overlap_rollouts without Ray: the overlapped schedule (each rollout one "
+                "update stale) runs one step after the other here; no time is saved"
+            )
+
+        def start(i: int) -> PendingRollout:  # iteration i's rollout, on the latest weights
+            tasks = select_tasks(train_tasks, i, cfg.ppo.tasks_per_iteration, cfg.data.seed)
+            seed = cfg.model.seed * 1_000_003 + i
+            return runtime.start_rollout(
+                tasks, seed=seed, samples_per_task=cfg.ppo.samples_per_task
+            )
+
+        ahead = start(state.iteration) if overlap else None  # a rollout started early
         for it in range(state.iteration, cfg.ppo.iterations):
             t0 = time.perf_counter()
-            tasks = select_tasks(train_tasks, it, cfg.ppo.tasks_per_iteration, cfg.data.seed)
             # Collect rollouts; the environment has scored every answer (EM per objective).
-            trajs = runtime.rollout(
-                tasks,
-                seed=cfg.model.seed * 1_000_003 + it,
-                samples_per_task=cfg.ppo.samples_per_task,
-            )
+            rollout = ahead if ahead is not None else start(it)
+            trajs = runtime.collect(rollout)
+            staleness = runtime.weights_version - rollout.weights_version
+            # Overlap: the next rollout samples with the current weights while the learner
+            # updates them (the workers run it before the weights of this update load).
+            ahead = start(it + 1) if overlap and it + 1 < cfg.ppo.iterations else None
             t_rollout = time.perf_counter() - t0
             # Learner: old / reference log-probs and values -> rewards -> advantages -> epochs.
             stats = runtime.update(trajs, it)
-            runtime.sync_weights()  # learner weights -> object store -> rollout workers
+            runtime.sync_weights(wait=not overlap)  # learner -> object store -> workers
             elapsed = state.elapsed_seconds + time.perf_counter() - t_start
             last = it + 1 >= cfg.ppo.iterations or elapsed >= cfg.ppo.minutes * 60
             seconds = time.perf_counter() - t0
-            record = iteration_record(it, trajs, stats, seconds, t_rollout, elapsed)
+            record = iteration_record(
+                it, trajs, stats, seconds, t_rollout, elapsed, rollout, staleness
+            )
             if last or (cfg.ppo.eval_every and (it + 1) % cfg.ppo.eval_every == 0):
                 record |= evaluate(runtime, eval_tasks, paths.eval_part(it))
             record = _clean({"estimator": estimator, **record})
