@@ -306,10 +306,10 @@ def train_rl(
             rollout = ahead if ahead is not None else start(it)
             trajs = runtime.collect(rollout)
             staleness = runtime.weights_version - rollout.weights_version
+            t_rollout = time.perf_counter() - t0
             # Overlap: the next rollout samples with the current weights while the learner
             # updates them (the workers run it before the weights of this update load).
             ahead = start(it + 1) if overlap and it + 1 < cfg.ppo.iterations else None
-            t_rollout = time.perf_counter() - t0
             # Learner: old / reference log-probs and values -> rewards -> advantages -> epochs.
             stats = runtime.update(trajs, it)
             runtime.sync_weights(wait=not overlap)  # learner -> object store -> workers
