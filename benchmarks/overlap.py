@@ -101,6 +101,26 @@ def run_arm(name: str, args: argparse.Namespace, out: Path, train: bool = True) 
     }
 
 
+def start_ray(args: argparse.Namespace, attempts: int = 3) -> None:
+    """One local Ray for both arms, sized as a run would size it. Ray gives its processes 30 s
+    to register, which a loaded machine at `nice 19` can miss: try again."""
+    import ray
+
+    from mem1_core.config import load_config
+    from mem1_core.training.ray_start import start_ray as start
+
+    resources = load_config(args.profile, None, args.overrides).resources
+    for attempt in range(attempts):
+        try:
+            start(resources)
+            return
+        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception on this timeout
+            if attempt + 1 == attempts or "timed out during startup" not in str(e):
+                raise
+            ray.shutdown()
+            print(f"Ray did not start ({e}); trying again", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
@@ -114,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = Path(args.out).resolve()
     results = {}
+    if not args.no_ray:
+        start_ray(args)  # the runs find it started and leave it running
     for name in args.arms:
         results[name] = run_arm(name, args, out)
         print(json.dumps(results[name]), flush=True)
@@ -121,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         if (row := run_arm(name, args, out, train=False)) is not None:
             results[name] = row
             print(json.dumps(row), flush=True)
+    if not args.no_ray:
+        import ray
+
+        ray.shutdown()
     if {"sync", "overlap"} <= results.keys():
         sync, over = results["sync"], results["overlap"]
         print(
