@@ -321,6 +321,10 @@ class PretrainConfig(Section):
     """Tasks per N (and per memory) the teacher plays in each fresh world."""
     drills_per_world: int = 400
     drill_max_facts: int = 16
+    """Longest list of the list drills and the question-list drills."""
+    question_drills_per_world: int = 400
+    """Question-list drills per world (a k-question prompt, then the search for question j;
+    mem1_core.training.pretrain). 0: none (the base shipped before them)."""
     steps_per_world: int = 150
     """A new world every this many steps."""
     pool_worlds: int = 3

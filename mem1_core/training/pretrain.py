@@ -18,6 +18,11 @@ nothing that would make N >= 4 a memorised setting:
   from one `<IS>` to the next with one new entry taken from a passage, and copied into
   `<answer> a; b; …` — the bookkeeping a pretrained LLM can already do for any k. These hold
   no question, so they are not multi-objective QA tasks.
+- **Question-list drills** (generic, any length): a task prompt listing k <= `drill_max_facts`
+  numbered questions, a state that holds answers for the first j - 1 and names `Next: Qj`,
+  then the search for question j (its first lookup) — reading item j of a numbered list, as
+  a pretrained LLM does for any k. One turn, no `<info>`, no answer and no reward: the
+  N-turn task (search, read, fold, move on, answer all) is never shown above 2 objectives.
 
 Names never repeat across rounds, so nothing can be memorised: the loss only falls by
 copying. Checkpointed every round (model, optimiser, RNG, curve) and resumable; held-out
@@ -98,6 +103,7 @@ def build_source(cfg, tok, root: Path, seed: int, pcfg) -> Source:
     rng = random.Random(seed)
     texts = _doc_rows(corpus["contents"].to_pylist(), tok, pcfg.text_len, rng)
     texts += _drill_rows(corpus, tok, pcfg, rng)
+    texts += _question_drill_rows(questions, tok, pcfg, rng)
     rng.shuffle(texts)
     # the world's files are regenerated from the seed on resume; keep the disk small
     import shutil
@@ -148,6 +154,39 @@ def _drill_rows(corpus, tok, pcfg, rng: random.Random) -> list[list[int]]:
         )
         rows.append(ids[: pcfg.text_len])
     return rows
+
+
+def question_drill_text(questions: list[str], plans: list[str], j: int) -> tuple[str, str]:
+    """One question-list drill: (the task prompt of `questions`, the turn that searches for
+    question `j` (1-based) with the answers of questions 1..j-1 in its state), written as the
+    scripted teacher writes that turn."""
+    from mem1_core.data.prompts import QUERY_CLOSE, QUERY_OPEN, task_prompt
+    from mem1_core.rollout.teacher import ScriptedTeacher, Step
+
+    steps = [
+        [Step(i, s["query"], s["title"], s["answer"]) for s in json.loads(p or "[]")]
+        for i, p in enumerate(plans)
+    ]
+    found = [[s.answer for s in st] if i < j - 1 else [] for i, st in enumerate(steps)]
+    state = f"{ScriptedTeacher.state_text(None, steps, found)} Next: Q{j}."
+    turn = f"{IS_OPEN} {state} {IS_CLOSE}{QUERY_OPEN} {steps[j - 1][0].query}{QUERY_CLOSE}"
+    return task_prompt(questions), turn
+
+
+def _question_drill_rows(questions, tok, pcfg, rng: random.Random) -> list[list[int]]:
+    rows = [r for r in questions.to_pylist() if json.loads(r.get("plan") or "[]")]
+    out = []
+    for _ in range(pcfg.question_drills_per_world if rows else 0):
+        k = rng.randint(1, min(pcfg.drill_max_facts, len(rows)))
+        picked = rng.sample(rows, k)
+        prompt, turn = question_drill_text(
+            [r["question"] for r in picked], [r["plan"] for r in picked], rng.randint(1, k)
+        )
+        # prompt and turn encoded apart, as the rollout builds a context from id segments
+        out.append(
+            tok.encode(prompt, add_special_tokens=False) + tok.encode(turn, add_special_tokens=False)
+        )
+    return out
 
 
 def text_loss(model, rows: list[list[int]], pad_id: int) -> torch.Tensor:
