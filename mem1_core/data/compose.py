@@ -22,7 +22,7 @@ import pyarrow as pa
 from mem1_core.data.prompts import task_prompt
 from mem1_core.runs import atomic
 
-COMPOSER_VERSION = "compose-2"
+COMPOSER_VERSION = "compose-3"
 """Written into every task file; compose-2: per_source tasks alternate between sources."""
 MODES = ("per_source", "mixed")
 

@@ -41,7 +41,16 @@ def task_prompt(questions: list[str]) -> str:
         raise ValueError("a task needs at least one question")
     lines = [TASK_INSTRUCTIONS]
     lines += [f"Question {i}: {q.strip()}" for i, q in enumerate(questions, 1)]
+    lines.append(prompt_end(len(questions)))
     return "\n".join(lines) + "\n"
+
+
+def prompt_end(n: int) -> str:
+    """The prompt's last line. Without it the end of the question list is not in the text: a
+    model that has read longer lists continues it ("Question 5: …") instead of starting its
+    turn, since nothing marks where the prompt stops (a chat template's role markers do this
+    for an instruction-tuned LLM). It also says how many answers the task wants."""
+    return f"Answer all {n} question{'s' if n != 1 else ''}."
 
 
 def turns_left_hint(turns_left: int) -> str:

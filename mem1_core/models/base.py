@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """Bump when the prompt, the tags, the hints or the teacher's writing change, so that an
 older base is refused instead of read in a format it was not trained on."""
 
@@ -45,10 +45,11 @@ def tokenizer_hash(tok) -> str:
 
 def format_fingerprint() -> dict:
     """What a base must agree with to read and write the format the code uses now."""
-    from mem1_core.data.prompts import TAGS, TASK_INSTRUCTIONS, turns_left_hint
+    from mem1_core.data.prompts import TAGS, task_prompt, turns_left_hint
     from mem1_core.rollout.env import FORMAT_HINT
 
-    text = "\n".join([TASK_INSTRUCTIONS, turns_left_hint(3), turns_left_hint(1), FORMAT_HINT])
+    prompt = task_prompt(["A?", "B?"])  # the instructions and the prompt's template
+    text = "\n".join([prompt, turns_left_hint(3), turns_left_hint(1), FORMAT_HINT])
     return {
         "format_version": FORMAT_VERSION,
         "tags": list(TAGS),

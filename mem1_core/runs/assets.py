@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import torch
 
 from mem1_core.config import Config
-from mem1_core.data.compose import compose, write_tasks
+from mem1_core.data.compose import COMPOSER_VERSION, compose, write_tasks
 from mem1_core.data.prompts import task_prompt
 from mem1_core.data.qa_data import Loaded, load_hotpotqa, load_nq, world_questions
 from mem1_core.data.world import generate_world, write_world
@@ -41,6 +41,11 @@ def corpus_path(cfg: Config, paths: RunPaths) -> Path:
     return Path(cfg.retrieval.corpus)
 
 
+def _composed_by(path: Path) -> str | None:
+    meta = pq.read_schema(path).metadata or {}
+    return meta.get(b"generator", b"").decode() or None
+
+
 def ensure_tasks(cfg: Config, paths: RunPaths, split: str, n: int) -> Path:
     """The composed N-objective tasks of `split` (world: train/test by entity; QA data: the
     sources of DataConfig.question_source)."""
@@ -48,7 +53,12 @@ def ensure_tasks(cfg: Config, paths: RunPaths, split: str, n: int) -> Path:
     cap = cfg.data.max_train_tasks if split == "train" else cfg.data.eval_tasks(n)
     # A file composed under a smaller cap is composed again: composition is deterministic
     # and the tasks come in the same order, so the old tasks are a prefix of the new ones.
-    if out.exists() and (cap is None or pq.read_metadata(out).num_rows >= cap or _complete(out)):
+    # A file another composer version wrote (an older prompt template) is composed again.
+    if (
+        out.exists()
+        and _composed_by(out) == COMPOSER_VERSION
+        and (cap is None or pq.read_metadata(out).num_rows >= cap or _complete(out))
+    ):
         return out
     if cfg.data.source == "world":
         questions = world_questions(pq.read_table(ensure_world(cfg, paths) / "questions.parquet"))

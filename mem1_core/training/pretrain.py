@@ -184,7 +184,8 @@ def _question_drill_rows(questions, tok, pcfg, rng: random.Random) -> list[list[
         )
         # prompt and turn encoded apart, as the rollout builds a context from id segments
         out.append(
-            tok.encode(prompt, add_special_tokens=False) + tok.encode(turn, add_special_tokens=False)
+            tok.encode(prompt, add_special_tokens=False)
+            + tok.encode(turn, add_special_tokens=False)
         )
     return out
 

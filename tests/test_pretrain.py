@@ -1,0 +1,100 @@
+"""What `mem1 pretrain` teaches beside the teacher's turns: the prompt's end is in the text, and
+the question-list drills write the turn the scripted teacher writes for that state."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pyarrow.parquet as pq
+import pytest
+
+from mem1_core.data.prompts import split_answers, task_prompt
+from mem1_core.rollout.loop import Task
+from mem1_core.rollout.teacher import ScriptedTeacher
+from mem1_core.training.pretrain import _question_drill_rows, question_drill_text
+from mem1_core.trajectory.record import Trajectory
+
+
+def test_a_prompt_is_not_the_start_of_a_longer_one():
+    # Without an end line, the prompt of 4 questions is the first part of the prompt of 5:
+    # a model that has read 5-question lists continues "Question 5: ..." instead of its turn.
+    qs = [f"Who is {i}?" for i in range(1, 6)]
+    assert not task_prompt(qs).startswith(task_prompt(qs[:4]))
+    assert task_prompt(qs).splitlines()[-1] == "Answer all 5 questions."
+    assert task_prompt(qs[:1]).splitlines()[-1] == "Answer all 1 question."
+    assert task_prompt(qs).endswith("\n")
+
+
+@pytest.fixture(scope="module")
+def planned(small_world):
+    rows = [r for r in small_world.questions.to_pylist() if json.loads(r["plan"] or "[]")]
+    return random.Random(3).sample(rows, 6)
+
+
+def test_a_drill_for_the_first_question_is_the_teachers_first_turn(planned, small_tokenizer):
+    task = Task(
+        "t",
+        task_prompt([r["question"] for r in planned]),
+        [r["question"] for r in planned],
+        [list(r["golden_answers"]) for r in planned],
+        [r["plan"] for r in planned],
+    )
+    teacher = ScriptedTeacher(small_tokenizer, [task])
+    traj = Trajectory("t", "mem1", [], task.golden_answers, max_turns=20)
+    prompt, turn = question_drill_text(task.questions, task.plans, 1)
+    assert prompt == task.prompt
+    assert turn == teacher.turn_text(traj, None)
+
+
+@pytest.mark.parametrize("j", [2, 4, 6])
+def test_a_drill_holds_the_earlier_answers_and_searches_question_j(planned, j):
+    # independent of the teacher's code: the state lists the gold answers of questions
+    # 1..j-1 in order, then names question j; the search is question j's first lookup
+    _, turn = question_drill_text([r["question"] for r in planned], [r["plan"] for r in planned], j)
+    state, query = turn.split("</IS><query>")
+    state = state.removeprefix("<IS>").removesuffix(" ").strip()
+    facts = [s.strip() for s in state.split(".") if s.strip()]
+    assert facts[-1] == f"Next: Q{j}"
+    for i, (fact, row) in enumerate(zip(facts[:-1], planned, strict=False), 1):
+        label, answer = fact.split(": ", 1)
+        assert label == f"Q{i}" and answer in row["golden_answers"]
+    assert len(facts) == j
+    first = json.loads(planned[j - 1]["plan"])[0]
+    assert query == f" {first['query']}</query>"
+    assert split_answers("x; y") == ["x", "y"]  # the answer separator the drills' lists use
+
+
+def test_drill_rows_are_the_prompt_and_turn_ids_end_to_end(small_world, small_tokenizer):
+    class Cfg:
+        question_drills_per_world = 20
+        drill_max_facts = 8
+
+    rows = _question_drill_rows(small_world.questions, small_tokenizer, Cfg, random.Random(0))
+    assert len(rows) == 20
+    texts = [small_tokenizer.decode(r, skip_special_tokens=False) for r in rows]
+    assert all("Answer all" in t and t.rstrip().endswith("</query>") for t in texts)
+    ks = {t.count("Question ") for t in texts}
+    assert len(ks) > 2 and max(ks) <= 8  # list lengths vary up to drill_max_facts
+
+
+def test_a_task_file_of_another_composer_version_is_composed_again(tmp_path):
+    from mem1_core.config import load_config
+    from mem1_core.data.compose import COMPOSER_VERSION
+    from mem1_core.runs.assets import ensure_tasks
+    from mem1_core.runs.layout import RunPaths
+
+    cfg = load_config("smoke")
+    paths = RunPaths(tmp_path / "run")
+    path = ensure_tasks(cfg, paths, "test", 2)
+    table = pq.read_table(path)
+    old = table.replace_schema_metadata({b"generator": b"compose-0"})
+    pq.write_table(
+        old.set_column(
+            table.schema.get_field_index("prompt"), "prompt", [["stale"] * table.num_rows]
+        ),
+        path,
+    )
+    again = pq.read_table(ensure_tasks(cfg, paths, "test", 2))
+    assert again.schema.metadata[b"generator"] == COMPOSER_VERSION.encode()
+    assert "stale" not in again["prompt"].to_pylist()
