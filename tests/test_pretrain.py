@@ -9,7 +9,7 @@ import random
 import pyarrow.parquet as pq
 import pytest
 
-from mem1_core.data.prompts import split_answers, task_prompt
+from mem1_core.data.prompts import task_prompt
 from mem1_core.rollout.loop import Task
 from mem1_core.rollout.teacher import ScriptedTeacher
 from mem1_core.training.pretrain import _question_drill_rows, question_drill_text
@@ -42,27 +42,9 @@ def test_a_drill_for_the_first_question_is_the_teachers_first_turn(planned, smal
     )
     teacher = ScriptedTeacher(small_tokenizer, [task])
     traj = Trajectory("t", "mem1", [], task.golden_answers, max_turns=20)
-    prompt, turn = question_drill_text(task.questions, task.plans, 1)
+    prompt, turn = question_drill_text(task.questions, task.plans)
     assert prompt == task.prompt
     assert turn == teacher.turn_text(traj, None)
-
-
-@pytest.mark.parametrize("j", [2, 4, 6])
-def test_a_drill_holds_the_earlier_answers_and_searches_question_j(planned, j):
-    # independent of the teacher's code: the state lists the gold answers of questions
-    # 1..j-1 in order, then names question j; the search is question j's first lookup
-    _, turn = question_drill_text([r["question"] for r in planned], [r["plan"] for r in planned], j)
-    state, query = turn.split("</IS><query>")
-    state = state.removeprefix("<IS>").removesuffix(" ").strip()
-    facts = [s.strip() for s in state.split(".") if s.strip()]
-    assert facts[-1] == f"Next: Q{j}"
-    for i, (fact, row) in enumerate(zip(facts[:-1], planned, strict=False), 1):
-        label, answer = fact.split(": ", 1)
-        assert label == f"Q{i}" and answer in row["golden_answers"]
-    assert len(facts) == j
-    first = json.loads(planned[j - 1]["plan"])[0]
-    assert query == f" {first['query']}</query>"
-    assert split_answers("x; y") == ["x", "y"]  # the answer separator the drills' lists use
 
 
 def test_drill_rows_are_the_prompt_and_turn_ids_end_to_end(small_world, small_tokenizer):

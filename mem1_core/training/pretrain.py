@@ -19,10 +19,12 @@ nothing that would make N >= 4 a memorised setting:
   `<answer> a; b; …` — the bookkeeping a pretrained LLM can already do for any k. These hold
   no question, so they are not multi-objective QA tasks.
 - **Question-list drills** (generic, any length): a task prompt listing k <= `drill_max_facts`
-  numbered questions, a state that holds answers for the first j - 1 and names `Next: Qj`,
-  then the search for question j (its first lookup) — reading item j of a numbered list, as
-  a pretrained LLM does for any k. One turn, no `<info>`, no answer and no reward: the
-  N-turn task (search, read, fold, move on, answer all) is never shown above 2 objectives.
+  numbered questions, then the first turn (`Start. Next: Q1.` and the search for question 1)
+  — starting on a list of any length, as a pretrained LLM does. Only the first turn: no
+  `<info>`, no answer, no later question. (Drills that began at question j > 1 with the
+  earlier answers in the state taught the model to write answers it had never read: a state
+  must come from the context, so those need the earlier turns, which would be the N-turn
+  task itself. The N-turn task is never shown above 2 objectives.)
 
 Names never repeat across rounds, so nothing can be memorised: the loss only falls by
 copying. Checkpointed every round (model, optimiser, RNG, curve) and resumable; held-out
@@ -156,20 +158,15 @@ def _drill_rows(corpus, tok, pcfg, rng: random.Random) -> list[list[int]]:
     return rows
 
 
-def question_drill_text(questions: list[str], plans: list[str], j: int) -> tuple[str, str]:
-    """One question-list drill: (the task prompt of `questions`, the turn that searches for
-    question `j` (1-based) with the answers of questions 1..j-1 in its state), written as the
-    scripted teacher writes that turn."""
+def question_drill_text(questions: list[str], plans: list[str]) -> tuple[str, str]:
+    """One question-list drill: (the task prompt of `questions`, the first turn, which searches
+    for question 1), written as the scripted teacher writes that turn."""
     from mem1_core.data.prompts import QUERY_CLOSE, QUERY_OPEN, task_prompt
-    from mem1_core.rollout.teacher import ScriptedTeacher, Step
+    from mem1_core.rollout.teacher import ScriptedTeacher
 
-    steps = [
-        [Step(i, s["query"], s["title"], s["answer"]) for s in json.loads(p or "[]")]
-        for i, p in enumerate(plans)
-    ]
-    found = [[s.answer for s in st] if i < j - 1 else [] for i, st in enumerate(steps)]
-    state = f"{ScriptedTeacher.state_text(None, steps, found)} Next: Q{j}."
-    turn = f"{IS_OPEN} {state} {IS_CLOSE}{QUERY_OPEN} {steps[j - 1][0].query}{QUERY_CLOSE}"
+    first = json.loads(plans[0])[0]
+    state = f"{ScriptedTeacher.state_text(None, [], [])} Next: Q1."
+    turn = f"{IS_OPEN} {state} {IS_CLOSE}{QUERY_OPEN} {first['query']}{QUERY_CLOSE}"
     return task_prompt(questions), turn
 
 
@@ -180,7 +177,7 @@ def _question_drill_rows(questions, tok, pcfg, rng: random.Random) -> list[list[
         k = rng.randint(1, min(pcfg.drill_max_facts, len(rows)))
         picked = rng.sample(rows, k)
         prompt, turn = question_drill_text(
-            [r["question"] for r in picked], [r["plan"] for r in picked], rng.randint(1, k)
+            [r["question"] for r in picked], [r["plan"] for r in picked]
         )
         # prompt and turn encoded apart, as the rollout builds a context from id segments
         out.append(
