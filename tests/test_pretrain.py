@@ -80,3 +80,21 @@ def test_a_task_file_of_another_composer_version_is_composed_again(tmp_path):
     again = pq.read_table(ensure_tasks(cfg, paths, "test", 2))
     assert again.schema.metadata[b"generator"] == COMPOSER_VERSION.encode()
     assert "stale" not in again["prompt"].to_pylist()
+
+
+@pytest.mark.parametrize(("k", "wanted"), [(0, 1), (2, 3), (2, 7), (15, 16)])
+def test_a_list_drill_answers_when_the_count_is_reached_and_goes_on_before(k, wanted):
+    from mem1_core.training.pretrain import drill_text
+
+    facts = [f"Name{i}" for i in range(k)]
+    text = drill_text(facts, "Kalo Vesh", "Kalo Vesh is a city.", wanted)
+    assert text.startswith(f"Answer all {wanted} question")
+    last_state = text.rsplit("<IS>", 1)[1]
+    carried = [f"Q{i}: {f}." for i, f in enumerate([*facts, "Kalo Vesh"], 1)]
+    assert last_state.strip().startswith(" ".join(carried))
+    if k + 1 == wanted:
+        assert text.endswith(f"<answer> {'; '.join([*facts, 'Kalo Vesh'])}</answer>")
+    else:
+        assert last_state.endswith(f"Next: Q{k + 2}. </IS>") and "<answer>" not in text
+    with pytest.raises(ValueError):
+        drill_text(facts, "x", "y", k)  # fewer wanted than the list already holds

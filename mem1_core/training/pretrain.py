@@ -15,9 +15,11 @@ nothing that would make N >= 4 a memorised setting:
 - **Documents.** Packed encyclopedia text of the fresh worlds, next-token loss, up to
   `text_len` tokens a row, so positions far beyond a 2-objective context are trained.
 - **List drills** (generic, any length): numbered fact lists `Q1: a. Q2: b. … Qk: z.` carried
-  from one `<IS>` to the next with one new entry taken from a passage, and copied into
-  `<answer> a; b; …` — the bookkeeping a pretrained LLM can already do for any k. These hold
-  no question, so they are not multi-objective QA tasks.
+  from one `<IS>` to the next with one new entry taken from a passage, under the prompt's
+  last line `Answer all m questions.`; when the list holds m entries it is copied into
+  `<answer> a; b; …`, else the state names the next entry — the bookkeeping and counting a
+  pretrained LLM can already do for any k. These hold no question, so they are not
+  multi-objective QA tasks.
 - **Question-list drills** (generic, any length): a task prompt listing k <= `drill_max_facts`
   numbered questions, then the first turn (`Start. Next: Q1.` and the search for question 1)
   — starting on a list of any length, as a pretrained LLM does. Only the first turn: no
@@ -126,16 +128,26 @@ def _doc_rows(docs: list[str], tok, length: int, rng: random.Random) -> list[lis
     return rows
 
 
-def drill_text(facts: list[str], new_title: str, new_fact: str, passage: str) -> str:
-    """One list drill: a state of k numbered facts, a passage, then the state carried forward
-    with the (k+1)-th fact read from the passage, then every fact copied into an answer."""
+def drill_text(facts: list[str], new_fact: str, passage: str, wanted: int) -> str:
+    """One list drill: the prompt's last line (`wanted` answers), a state of k numbered facts,
+    a passage, then the state carried forward with the (k+1)-th fact read from the passage;
+    then, if the list is complete (k + 1 == wanted), every fact copied into an answer, else
+    the state names the next entry (the count decides whether to go on or to answer)."""
+    from mem1_core.data.prompts import prompt_end
+
     k = len(facts)
+    if not k + 1 <= wanted:
+        raise ValueError(f"a drill of {k + 1} facts cannot want {wanted}")
     state = " ".join(f"Q{i}: {f}." for i, f in enumerate(facts, 1))
     state = state or "Start."
     nxt = " ".join(f"Q{i}: {f}." for i, f in enumerate([*facts, new_fact], 1))
+    head = f"{prompt_end(wanted)}\n{IS_OPEN} {state} Next: Q{k + 1}. {IS_CLOSE}"
+    head += f"{INFO_OPEN} {passage} {INFO_CLOSE}"
+    if k + 1 < wanted:
+        return f"{head}{IS_OPEN} {nxt} Next: Q{k + 2}. {IS_CLOSE}"
     return (
-        f"{IS_OPEN} {state} Next: Q{k + 1}. {IS_CLOSE}{INFO_OPEN} {passage} {INFO_CLOSE}"
-        f"{IS_OPEN} {nxt} {IS_CLOSE}{ANSWER_OPEN} {join_answers([*facts, new_fact])}{ANSWER_CLOSE}"
+        f"{head}{IS_OPEN} {nxt} {IS_CLOSE}"
+        f"{ANSWER_OPEN} {join_answers([*facts, new_fact])}{ANSWER_CLOSE}"
     )
 
 
@@ -149,10 +161,13 @@ def _drill_rows(corpus, tok, pcfg, rng: random.Random) -> list[list[int]]:
             rng.choice(titles) if rng.random() < 0.7 else str(rng.randint(1000, 2099))
             for _ in range(k)
         ]
+        # half the lists are complete after this entry, half want more (up to the longest)
+        top = max(k + 1, pcfg.drill_max_facts)
+        wanted = k + 1 if rng.random() < 0.5 or k + 1 == top else rng.randint(k + 2, top)
         j = rng.randrange(len(titles))
         # the new fact is the passage's own title: read from <info>, not remembered
         ids = tok.encode(
-            drill_text(facts, titles[j], titles[j], contents[j]), add_special_tokens=False
+            drill_text(facts, titles[j], contents[j], wanted), add_special_tokens=False
         )
         rows.append(ids[: pcfg.text_len])
     return rows
