@@ -71,7 +71,9 @@ def test_gpu_training_fields_reject_bad_values(overrides, message):
 def test_rollout_backend():
     from mem1_core.training.vllm_engine import resolve_backend, vllm_importable
 
-    auto = resolve_backend(load_config("paper"))
+    # Without Ray the workers run in this process: vLLM only if this Python has it. (With Ray,
+    # a vLLM venv's Python counts too: tests/test_rollout_python.py.)
+    auto = resolve_backend(load_config("paper"), use_ray=False)
     assert auto.rollout.backend == ("vllm" if vllm_importable() else "hf")
     assert resolve_backend(load_config("tiny")).rollout.backend == "hf"
     assert load_config("tiny").rollout.backend == "hf"

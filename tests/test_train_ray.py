@@ -5,6 +5,8 @@ worker samples with the weights the learner sent after each update."""
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -64,6 +66,9 @@ def test_smoke_ppo_through_ray(tmp_path, monkeypatch, ray_cleanup):
     assert [r["iteration"] for r in rows] == [0, 1]
     assert all(r["train/optimizer_steps"] == 1 and r["train/skipped_steps"] == 0 for r in rows)
     assert "eval/reward" in rows[-1] and rows[-1]["eval/tasks"] == 2
+    # Every iteration says what generated it: Hugging Face, in this (the driver's) venv.
+    assert all(r["rollout_backend"] == "hf" and r["vllm_version"] is None for r in rows)
+    assert all(Path(r["rollout_python"]).parent == Path(sys.executable).parent for r in rows)
     assert sorted(p.name for p in (out / "trajectories").iterdir()) == [
         "iter_000000.parquet",
         "iter_000001.parquet",

@@ -253,6 +253,14 @@ class ResourcesConfig(Section):
     them (mem1_core.training.fsdp_learner). Checkpoints hold full weights in the single learner's
     format, so evaluation and `--init` read them alike; their optimiser state is keyed by
     parameter name, so a run resumes under the strategy it was saved with."""
+    rollout_python: str | None = None
+    """The Python of the rollout workers when they generate with vLLM (`rollout.backend`
+    vllm, or auto) and the driver cannot import it, as from the Prefect venv: each worker is
+    then a Ray actor under this interpreter (runtime_env py_executable), which must have vLLM
+    and the driver's Ray and Python versions (checked before any actor starts;
+    mem1_core.training.rollout_python). None: $MEM1_VLLM_PYTHON, else the checkout's
+    .venv-vllm/bin/python (`./dev setup-vllm`) if it exists. On a cluster, a path every node
+    has."""
 
     @property
     def learner_world(self) -> int:

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mem1_core.config import Config
+from mem1_core.config import Config, ResourcesConfig
 from mem1_core.rollout.loop import Task
 from mem1_core.runs.checkpoint import TrainState
 from mem1_core.runs.faults import ActorLost
@@ -51,7 +51,7 @@ from mem1_core.runs.layout import RunPaths
 from mem1_core.training import actor_pool
 from mem1_core.training.learner import Learner
 from mem1_core.training.ray_start import RETRIEVER_CPUS, start_ray
-from mem1_core.training.vllm_engine import require_vllm, resolve_backend
+from mem1_core.training.vllm_engine import require_vllm, resolve_backend, rollout_workers_env
 from mem1_core.training.workers import RolloutWorker, WeightsOutOfDate
 from mem1_core.trajectory.record import Trajectory
 
@@ -86,6 +86,19 @@ class PendingRollout:
     trajectories record it; the driver may have waited less (the rollout ran beside an update)."""
 
 
+def worker_options(resources: ResourcesConfig, runtime_env: dict | None) -> dict[str, Any]:
+    """Ray actor options of a rollout worker; `runtime_env` (another Python for vLLM,
+    rollout_python.rollout_runtime_env) only when given."""
+    options: dict[str, Any] = dict(
+        num_cpus=resources.cpus_per_worker,
+        num_gpus=resources.gpus_per_worker,
+        max_restarts=WORKER_RESTARTS,  # the driver retries the call (`_rollout_share`)
+    )
+    if runtime_env is not None:
+        options["runtime_env"] = runtime_env
+    return options
+
+
 class Runtime:
     """Workers and learner, remote (Ray actors) or local (plain objects), called alike.
     `learners` is the one Learner, or the FSDP group's ranks (rank 0 first): every learner
@@ -111,6 +124,7 @@ class Runtime:
         """Bumped at every weight sync; a worker must hold the current one to roll out."""
         self._loads: list[Any] = []
         """Weight loads `sync_weights(wait=False)` sent and nobody has waited for yet."""
+        self._rollout_info: dict[str, str | None] | None = None
 
     @classmethod
     def start(
@@ -130,8 +144,11 @@ class Runtime:
                 "resources.learner_strategy=fsdp runs each learner rank as a Ray actor: run with Ray "
                 "(drop --no-ray), or use resources.learner_strategy=single"
             )
-        cfg = resolve_backend(cfg)
-        require_vllm(cfg)  # here, not as an actor's constructor error after Ray has started
+        cfg = resolve_backend(cfg, use_ray=use_ray)
+        # Before Ray starts, not as an actor's constructor error: the vLLM venv's Python for
+        # the workers when this one has no vLLM (checked against this one), or the way out.
+        worker_env = rollout_workers_env(cfg, use_ray)
+        require_vllm(cfg, elsewhere=worker_env is not None)
         if not use_ray:
             workers = [
                 RolloutWorker(cfg, root, init_s) for _ in range(resources.num_rollout_workers)
@@ -160,11 +177,7 @@ class Runtime:
         retriever = None
         if index is not None:  # else an HTTP retriever is already shared
             retriever = start_retriever_actor(index, num_cpus=RETRIEVER_CPUS)
-        worker_cls = ray.remote(RolloutWorker).options(
-            num_cpus=resources.cpus_per_worker,
-            num_gpus=resources.gpus_per_worker,
-            max_restarts=WORKER_RESTARTS,  # the driver retries the call (`_rollout_share`)
-        )
+        worker_cls = ray.remote(RolloutWorker).options(**worker_options(resources, worker_env))
         threads = max(1, int(resources.cpus_per_worker))
         workers = [
             worker_cls.remote(cfg, root, init_s, retriever, threads)
@@ -188,6 +201,13 @@ class Runtime:
             runtime.shutdown()
             raise
         return runtime
+
+    def rollout_info(self) -> dict[str, str | None]:
+        """What the rollout workers generate with (RolloutWorker.describe of the first one:
+        all run one backend): rollout_backend, vllm_version, rollout_python."""
+        if self._rollout_info is None:
+            self._rollout_info = self._get(self._call(self.workers[0], "describe"))
+        return self._rollout_info
 
     def _call(self, target: Any, method: str, *args: Any, **kwargs: Any) -> Any:
         fn = getattr(target, method)
@@ -401,6 +421,7 @@ class Runtime:
         self.worker_args = (cfg, root, init, self.retriever, threads)
         self.weights_version = 0
         self._loads = []
+        self._rollout_info = None
         workers = [w.reset.remote(*self.worker_args) for w in self.workers]
         learners = [
             r.reset.remote(cfg, root, init, max(1, int(resources.learner_cpus)))

@@ -282,6 +282,8 @@ def train_rl(
         progress = Progress(cfg, paths, estimator, read_state(ckpt).iteration if ckpt else 0, show)
         state = runtime.restore(ckpt) if ckpt else TrainState(0)
         runtime.sync_weights()  # workers start from the learner's weights, resumed or not
+        rollout_info = runtime.rollout_info()  # the backend, vLLM's version, the Python
+        log.info("rollout workers: %s", rollout_info)
         extra, t_start = {"init": None if init_dir is None else str(init_dir)}, time.perf_counter()
         done = paths.read_metrics()
         record: dict[str, Any] = done[-1] if done else {}
@@ -321,7 +323,7 @@ def train_rl(
             )
             if last or (cfg.ppo.eval_every and (it + 1) % cfg.ppo.eval_every == 0):
                 record |= evaluate(runtime, eval_tasks, paths.eval_part(it))
-            record = _clean({"estimator": estimator, **record})
+            record = _clean({"estimator": estimator, **rollout_info, **record})
             write_trajectories(trajs, paths.part(it))
             progress.log(record)
             if last or (it + 1) % cfg.ppo.checkpoint_every == 0:

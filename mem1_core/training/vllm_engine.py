@@ -4,7 +4,9 @@ model directory an engine starts from.
 With `rollout.backend=vllm` a worker starts vLLM from a model directory: the warm start's
 policy, else the initial policy saved once under `<run>/vllm_init/`; every weight sync then
 goes into the running engine (VLLMBackend.load_state_dict), never through the disk. vLLM
-lives in a venv of its own (docs/gpu.md), so such a run starts from that venv.
+lives in a venv of its own (docs/gpu.md): a run started from it has vLLM in every process; a
+run started from the Prefect venv (the flows) runs only its rollout workers under that venv's
+Python (mem1_core.training.rollout_python).
 """
 
 from __future__ import annotations
@@ -24,14 +26,16 @@ from mem1_core.models.model import save_model
 from mem1_core.models.tags import tag_scheme
 from mem1_core.runs.assets import initial_policy
 from mem1_core.runs.layout import RunPaths
+from mem1_core.training.rollout_python import rollout_runtime_env, vllm_python
 
 log = logging.getLogger(__name__)
 VLLM_INIT_DIR = "vllm_init"
 """Under the run directory: the initial policy, saved for vLLM to start from (no --init)."""
 VLLM_VENV_HINT = (
-    "rollout.backend=vllm needs vLLM, which lives in a venv of its own: run the trainer from "
-    "it (`.venv-vllm/bin/mem1 train ppo ...`, set up with `MEM1_VLLM_PACKAGE='vllm==0.33.0' "
-    "./dev setup-vllm` on a GPU machine; docs/gpu.md), or set rollout.backend=hf"
+    "rollout.backend=vllm needs vLLM, which lives in a venv of its own: create it with "
+    "`./dev setup-vllm` (the Ray rollout workers then run under .venv-vllm/bin/python, or "
+    "the Python in resources.rollout_python / $MEM1_VLLM_PYTHON), or run the trainer from it "
+    "(`.venv-vllm/bin/mem1 train ppo ...`; docs/gpu.md), or set rollout.backend=hf"
 )
 
 
@@ -42,23 +46,35 @@ def vllm_importable() -> bool:
         return False
 
 
-def resolve_backend(cfg: Config) -> Config:
-    """`rollout.backend=auto` -> vllm where vLLM can be imported, else hf (decided once, by
-    the driver, so every worker runs the same engine)."""
+def resolve_backend(cfg: Config, *, use_ray: bool = True) -> Config:
+    """`rollout.backend=auto` -> vllm where vLLM can be imported, or (with Ray) where a vLLM
+    venv's Python is there for the rollout workers (mem1_core.training.rollout_python), else hf.
+    Decided once, by the driver, so every worker runs the same engine."""
     if cfg.rollout.backend != "auto":
         return cfg
-    backend = "vllm" if vllm_importable() else "hf"
+    vllm = vllm_importable() or (use_ray and vllm_python(cfg.resources.rollout_python) is not None)
+    backend = "vllm" if vllm else "hf"
     log.info("rollout.backend=auto: using %s", backend)
     return dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, backend=backend))
 
 
-def require_vllm(cfg: Config) -> None:
+def require_vllm(cfg: Config, *, elsewhere: bool = False) -> None:
     """Fail early, with the way out, when `rollout.backend=vllm` but vLLM is not importable
-    (checked without importing it: that takes seconds, and a Ray driver never needs it)."""
-    if cfg.rollout.backend != "vllm":
+    (checked without importing it: that takes seconds, and a Ray driver never needs it) and
+    the rollout workers do not run under another Python that has it (`elsewhere`)."""
+    if cfg.rollout.backend != "vllm" or elsewhere:
         return
     if not vllm_importable():
         raise ImportError(f"{VLLM_VENV_HINT} (this Python: {sys.executable})")
+
+
+def rollout_workers_env(cfg: Config, use_ray: bool) -> dict | None:
+    """The Ray runtime env of the rollout workers: None (the driver's own Python) unless they
+    generate with vLLM, run on Ray and this Python cannot import vLLM; then the vLLM venv's
+    Python (mem1_core.training.rollout_python), or None if there is none (require_vllm says so)."""
+    if cfg.rollout.backend != "vllm" or not use_ray or vllm_importable():
+        return None
+    return rollout_runtime_env(cfg.resources.rollout_python)
 
 
 def vllm_model_dir(cfg: Config, paths: RunPaths, tokenizer: Any, init: Path | None) -> Path:

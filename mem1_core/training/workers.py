@@ -8,11 +8,16 @@ with sdpa even when the learner trains with FlexAttention (`model.attn`).
 Each weight sync carries a version (mem1_core.training.runtime), and a worker refuses to roll
 out with weights other than the ones the driver expects (`WeightsOutOfDate`): a worker Ray
 restarted between two calls holds its initial policy and would otherwise sample from it
-silently."""
+silently.
+
+A worker may run under another Python than the driver's (the vLLM venv's, when the driver
+cannot import vLLM: mem1_core.training.rollout_python); `describe` says which, and with what.
+"""
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +80,17 @@ class RolloutWorker:
         """Become a fresh worker for another run, in this process (mem1_core.training.actor_pool)."""
         drop_state(self)
         self.__init__(*args)
+
+    def describe(self) -> dict[str, str | None]:
+        """What this worker generates with: `rollout_backend` (hf or vllm), `vllm_version`
+        (None for hf) and `rollout_python`, the interpreter it runs under (metrics.jsonl
+        records them every iteration)."""
+        vllm = sys.modules.get("vllm") if self.cfg.rollout.backend == "vllm" else None
+        return {
+            "rollout_backend": self.cfg.rollout.backend,
+            "vllm_version": getattr(vllm, "__version__", None),
+            "rollout_python": sys.executable,
+        }
 
     def pid(self) -> int:
         """This worker's process id: an answer means the (restarted) process is up."""
