@@ -29,7 +29,15 @@ pass criterion, "ok"; a section that raises prints its error and the others stil
   kept, and its ids must equal Hugging Face's; skipped if vLLM is missing.
 - vllm: greedy agreement of vLLM (mem1_core.rollout.generation_vllm.VLLMBackend) and Hugging Face
   generation on the same weights, before and after a weight sync; skipped if vLLM is
-  missing. Last, because the engine keeps its share of GPU memory.
+  missing. Last but one, because the engine keeps its share of GPU memory.
+- vllm_deployment: the deployment's vLLM rollouts (issue 15). PPO iterations of the `ppo`
+  section's model with `rollout.backend=vllm`, driven, as the `mem1/train-eval` flows drive
+  them, from the Prefect venv's Python (no vLLM there: `--prefect-python`, default
+  $MEM1_VENV or ./.venv) with the rollout worker a Ray actor under the vLLM venv's Python
+  (mem1_core.training.rollout_python), each side on half the GPU. Reports what metrics.jsonl
+  says generated the rollouts (backend, vLLM version, interpreter), the per-turn rollout /
+  learner log-prob mismatch, and rollout tokens/s. CUDA only (skipped on a CPU, and where
+  either venv is missing); a subprocess, so its Ray and engine leave with it.
 
 Exit status 0 if every "ok" is true. Rows also go to OUT/gpu_check.jsonl.
 """
@@ -43,6 +51,7 @@ import json
 import math
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -59,7 +68,7 @@ from mem1_core.trajectory.logprobs import forward_tree, per_turn_logprobs, tree_
 from mem1_core.trajectory.tree import FlatBatch, Segment, collate, flatten
 
 Paths = list[list[Segment]]
-SECTIONS = ("exactness", "train_step", "ppo", "text_stops", "vllm")
+SECTIONS = ("exactness", "train_step", "ppo", "text_stops", "vllm", "vllm_deployment")
 
 
 @dataclass(frozen=True)
@@ -701,6 +710,108 @@ def vllm_agreement(device: str, s: Sizes, emit: Callable[[dict], None]) -> None:
         del engine
 
 
+DEPLOYMENT_DRIVER = """
+import json, sys
+from mem1_core.config import load_config
+from mem1_core.training.train_rl import train_rl
+from mem1_core.training.vllm_engine import vllm_importable
+
+if vllm_importable():
+    sys.exit("this Python imports vLLM: not the Prefect venv's")
+out, overrides = sys.argv[1], json.loads(sys.argv[2])
+result = train_rl(load_config("smoke", None, overrides), out, use_ray=True, show=False)
+print("RESULT", json.dumps({"iterations": result["iterations"]}))
+"""
+
+
+def prefect_python(given: str | None) -> Path:
+    """The Prefect venv's Python: --prefect-python, else $MEM1_VENV/bin/python, else ./.venv."""
+    if given:
+        return Path(given)
+    root = Path(__file__).resolve().parents[1]
+    return Path(os.environ.get("MEM1_VENV") or root / ".venv") / "bin" / "python"
+
+
+def vllm_deployment(
+    device: str, s: Sizes, out: Path, emit: Callable[[dict], None], python: str | None
+) -> None:
+    from mem1_core.training.rollout_python import vllm_python
+
+    if device != "cuda":
+        emit({"check": "vllm_deployment", "skipped": "CUDA only (the CPU path: ./dev test-vllm)"})
+        return
+    driver, workers = prefect_python(python), vllm_python(None)
+    if not driver.is_file() or workers is None:
+        missing = (
+            f"no Prefect venv Python at {driver}"
+            if not driver.is_file()
+            else ("no vLLM venv (./dev setup-vllm, or $MEM1_VLLM_PYTHON)")
+        )
+        emit({"check": "vllm_deployment", "skipped": missing})
+        return
+    run = out / "vllm_deployment_run"
+    if run.exists():
+        import shutil
+
+        shutil.rmtree(run)
+    over = [
+        "ppo.minutes=30",
+        "ppo.checkpoint_every=100",
+        "data.max_eval_tasks=4",
+        *s.ppo_overrides,
+        "rollout.backend=vllm",
+        "rollout.gpu_memory_utilization=0.3",  # beside the learner on the same GPU
+    ]
+    root = Path(__file__).resolve().parents[1]
+    env = os.environ | {"PYTHONPATH": str(root), "WANDB_MODE": "offline"}
+    env.pop("VIRTUAL_ENV", None)
+    t0 = time.perf_counter()
+    done = subprocess.run(
+        [str(driver), "-c", DEPLOYMENT_DRIVER, str(run), json.dumps(over)],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise RuntimeError(f"the driver failed: {(done.stdout + done.stderr)[-1500:]}")
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    per_it = [
+        {
+            "iteration": r["iteration"],
+            "rollout_tokens_per_s": r["gen_tokens"] / max(r["rollout_seconds"], 1e-9),
+            "logp_mismatch_max": r["train/logp_mismatch_max"],
+            "logp_mismatch_max_per_turn": {
+                k.rsplit("/", 1)[-1]: v
+                for k, v in r.items()
+                if k.startswith("train/logp_mismatch_max/turn_")
+            },
+        }
+        for r in rows
+    ]
+    last = rows[-1]
+    steady = per_it[1:] or per_it  # the first iteration compiles and captures CUDA graphs
+    emit(
+        {
+            "check": "vllm_deployment",
+            "driver_python": str(driver),
+            "rollout_backend": last.get("rollout_backend"),
+            "vllm_version": last.get("vllm_version"),
+            "rollout_python": last.get("rollout_python"),
+            "wall_s": wall,
+            "rollout_tokens_per_s": sum(r["rollout_tokens_per_s"] for r in steady) / len(steady),
+            "per_iteration": per_it,
+            # bf16 engine vs bf16 learner: not the fp32 ~1e-6 of the CPU test; a stale engine
+            # (no weight sync) would be far off after the first update.
+            "ok": len(rows) == len(per_it) > 0
+            and all(r.get("rollout_backend") == "vllm" and r.get("vllm_version") for r in rows)
+            and last.get("rollout_python") == workers,
+        }
+    )
+
+
 # ---- driver ---------------------------------------------------------------------------------
 
 
@@ -711,6 +822,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="smallest sizes (the CPU smoke test)")
     p.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     p.add_argument("--threads", type=int, default=None, help="torch threads (CPU)")
+    p.add_argument(
+        "--prefect-python",
+        default=None,
+        help="vllm_deployment: the Prefect venv's python (default $MEM1_VENV or ./.venv)",
+    )
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: run with --device cpu --quick for the CPU smoke", file=sys.stderr)
@@ -750,6 +866,9 @@ def main(argv: list[str] | None = None) -> int:
         "ppo": lambda: ppo(args.device, sizes, out, emit),
         "text_stops": lambda: text_stops(args.device, sizes, emit),
         "vllm": lambda: vllm_agreement(args.device, sizes, emit),
+        "vllm_deployment": lambda: vllm_deployment(
+            args.device, sizes, out, emit, args.prefect_python
+        ),
     }
     for name in SECTIONS:
         if name not in args.only:

@@ -68,3 +68,16 @@ def test_cpu_quick_mode_end_to_end(tmp_path):
     assert by["ppo"]["rollout_tokens_per_s"] > 0 and by["ppo"]["train_tokens_per_s"] > 0
     assert by["text_stops"]["ok"] and by["text_stops_vllm"].get("ok", True)
     assert by["vllm"].get("ok", True) and by["summary"]["ok"]
+    assert "CUDA only" in by["vllm_deployment"]["skipped"]
+
+
+def test_the_deployment_vllm_section_never_runs_on_a_cpu(tmp_path):
+    """`vllm_deployment` (issue 15) drives PPO from the Prefect venv with vLLM rollout workers
+    under .venv-vllm, sized for a GPU: on a CPU it only says it skipped (./dev test-vllm covers
+    the CPU path)."""
+    gpu_check = _load()
+    rows = []
+    sizes = gpu_check.sizes_for("cpu", quick=True)
+    gpu_check.vllm_deployment("cpu", sizes, tmp_path, rows.append, None)
+    assert rows == [{"check": "vllm_deployment", "skipped": rows[0]["skipped"]}]
+    assert "CUDA only" in rows[0]["skipped"] and not any(tmp_path.iterdir())
