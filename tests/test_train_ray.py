@@ -122,3 +122,38 @@ def test_runs_inside_reuse_actors_share_the_actors_and_train_as_fresh_ones(
         torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-6, msg=k)
     for k in ("reward", "train/pg_loss", "train/policy_grad_norm", "train/vf_loss"):
         assert reused["metrics"][k] == pytest.approx(fresh["metrics"][k], rel=1e-5, abs=1e-7), k
+
+
+def test_a_local_ray_that_times_out_at_start_is_started_again(monkeypatch, caplog):
+    """Ray aborts a start whose raylet misses its fixed 30 s wait (a loaded machine): the
+    private local Ray is started again, up to LOCAL_START_ATTEMPTS; other errors raise."""
+    ray = pytest.importorskip("ray")
+    from mem1_core.training import ray_start
+
+    calls = []
+
+    def init(**kwargs):
+        calls.append(kwargs)
+        if len(calls) < ray_start.LOCAL_START_ATTEMPTS:
+            raise Exception("The current node timed out during startup. This could happen ...")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    resources = load_config("smoke").resources
+    assert ray_start.start_ray(resources) is True
+    assert len(calls) == ray_start.LOCAL_START_ATTEMPTS and "starting it again" in caplog.text
+
+    def fails(error: Exception):
+        def init(**kwargs):
+            raise error
+
+        return init
+
+    monkeypatch.setattr(ray, "init", fails(Exception("The current node timed out during startup")))
+    with pytest.raises(Exception, match="timed out during startup"):  # the last try's raises
+        ray_start.start_ray(resources)
+    monkeypatch.setattr(ray, "init", fails(RuntimeError("other")))
+    with pytest.raises(RuntimeError, match="other"):  # not retried
+        ray_start.start_ray(resources)

@@ -3,6 +3,7 @@ sized for the run's actors; an actor's device and torch threads."""
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 
@@ -10,8 +11,15 @@ import torch
 
 from mem1_core.config import ResourcesConfig
 
+log = logging.getLogger(__name__)
+
 RETRIEVER_CPUS = 1.0
 """Logical CPUs the retriever actor asks for (BM25 is light; a dense encoder is not)."""
+LOCAL_START_ATTEMPTS = 3
+"""Tries to start the private local Ray. On a loaded machine its raylet can miss Ray's fixed
+30 s start-up wait (it waits for the dashboard agent's port file and aborts: "The current node
+timed out during startup"): 4 of 6 starts on this 2-core machine, beside other Ray jobs, while
+issue 15 was built. The run then fails before any work; a fresh start gets another chance."""
 
 
 def actor_device(gpus: float) -> torch.device:
@@ -47,12 +55,20 @@ def start_ray(resources: ResourcesConfig, *, log_to_driver: bool = False) -> boo
             + resources.learner_world * resources.learner_cpus
             + RETRIEVER_CPUS
         )
-        ray.init(
-            num_cpus=max(os.cpu_count() or 1, math.ceil(need)),
-            include_dashboard=False,
-            log_to_driver=log_to_driver,
-            configure_logging=False,
-        )
+        for attempt in range(1, LOCAL_START_ATTEMPTS + 1):
+            try:
+                ray.init(
+                    num_cpus=max(os.cpu_count() or 1, math.ceil(need)),
+                    include_dashboard=False,
+                    log_to_driver=log_to_driver,
+                    configure_logging=False,
+                )
+                break
+            except Exception as e:  # Ray raises a bare Exception for this
+                if "timed out during startup" not in str(e) or attempt == LOCAL_START_ATTEMPTS:
+                    raise
+                log.warning("the local Ray did not come up (%s); starting it again", e)
+                ray.shutdown()
     gpus = ray.cluster_resources().get("GPU", 0.0)
     if max(resources.gpus_per_worker, resources.learner_gpus) > gpus:
         ray.shutdown()
