@@ -127,6 +127,12 @@ def _warm_start(ctx: RunContext) -> StageResult:
     return StageResult(outputs=out, headline={f"warm start {k}": out[k] for k in keys})
 
 
+def _rollout_backend(metrics: dict[str, Any]) -> str | None:
+    """`vllm 0.32.0` or `hf`: what a PPO stage's rollout workers generated with."""
+    parts = [str(metrics[k]) for k in ("rollout_backend", "vllm_version") if metrics.get(k)]
+    return " ".join(parts) or None
+
+
 def _train_ppo(ctx: RunContext) -> StageResult:
     from flows.stages import train_ppo_mem1
 
@@ -135,6 +141,7 @@ def _train_ppo(ctx: RunContext) -> StageResult:
     return StageResult(
         outputs=out,
         headline={
+            "ppo mem1 rollout backend": _rollout_backend(m),
             "ppo mem1 iterations": out["iterations"],
             "ppo mem1 last train reward": m.get("reward"),
             "ppo mem1 held-out reward": m.get("eval/reward"),
@@ -150,6 +157,7 @@ def _train_baselines(ctx: RunContext) -> StageResult:
     return StageResult(
         outputs={"ppo_full": full, "sft_mem1": sft},
         headline={
+            "ppo full rollout backend": _rollout_backend(full["metrics"]),
             "ppo full held-out reward": full["metrics"].get("eval/reward"),
             "sft mem1 held-out reward": sft.get("eval_reward_after"),
         },

@@ -35,6 +35,16 @@ from flows.common import (
 from mem1_core.config import Config
 from mem1_core.runs.layout import EVAL, PPO_FULL, PPO_MEM1, SFT_MEM1, WARM_START
 
+ROLLOUT_KEYS = ("rollout_backend", "vllm_version", "rollout_python")
+"""What a PPO stage's rollout workers generated with (RolloutWorker.describe), in its table."""
+
+
+def rollout_label(metrics: dict[str, Any]) -> str:
+    """`vllm 0.32.0 (PYTHON)` or `hf (PYTHON)`: a PPO stage's rollout backend, for a line."""
+    backend = " ".join(str(metrics[k]) for k in ROLLOUT_KEYS[:2] if metrics.get(k)) or "unknown"
+    python = metrics.get("rollout_python")
+    return f"{backend} ({python})" if python else backend
+
 
 def _with_memory(cfg: Config, memory: str) -> Config:
     return dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, memory=memory))
@@ -90,10 +100,13 @@ def train_ppo_mem1(
     out = root / {"mem1": PPO_MEM1, "mem1+recall": "ppo_mem1+recall"}.get(memory, PPO_FULL)
     init = root / WARM_START if has_warm_start(cfg) else None  # None: the pretrained model
     result = train_rl(cfg, out, resume=_resume(out), init=init, show=False)
+    m = result["metrics"]
+    rollout = rollout_label(m)
+    print(f"PPO ({memory}): rollouts with {rollout}")
     publish_table(
         f"ppo-{memory}",
-        metric_rows(result["metrics"]),
-        f"PPO ({memory}) in {out}",
+        [{"metric": k, "value": m[k]} for k in ROLLOUT_KEYS if m.get(k)] + metric_rows(m),
+        f"PPO ({memory}) in {out}; rollouts: {rollout}",
     )
     return result
 
