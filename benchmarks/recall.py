@@ -106,7 +106,7 @@ def cmd_teacher(args) -> None:
 def cmd_sft(args) -> None:
     from mem1_core.models.model import save_model
     from mem1_core.runs.assets import initial_policy, load_tasks
-    from mem1_core.training.sft import teacher_trajectories, train_on_trajectories
+    from mem1_core.training.sft import step_options, teacher_trajectories, train_on_trajectories
     from mem1_core.trajectory.record import write_trajectories
 
     cfg, paths, tok, env = setup(args)
@@ -130,15 +130,9 @@ def cmd_sft(args) -> None:
         model,
         trajs,
         tok.pad_token_id,
-        lr=cfg.sft.lr,
-        batch_size=cfg.sft.batch_size,
         minutes=args.minutes,
         max_steps=args.steps,
-        warmup_steps=cfg.sft.warmup_steps,
-        grad_clip=cfg.sft.grad_clip,
-        weight_decay=cfg.sft.weight_decay,
-        attn=cfg.model.attn,
-        seed=cfg.model.seed,
+        **step_options(cfg),
         progress=False,
     )
     save_model(model, tok, out / "policy")

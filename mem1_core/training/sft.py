@@ -110,6 +110,19 @@ class SFTResult:
     curve: list[dict]
 
 
+def step_options(cfg) -> dict:
+    """`train_on_trajectories`' optimiser and model options from the config (`sft`, `model`)."""
+    return {
+        "lr": cfg.sft.lr,
+        "batch_size": cfg.sft.batch_size,
+        "warmup_steps": cfg.sft.warmup_steps,
+        "grad_clip": cfg.sft.grad_clip,
+        "weight_decay": cfg.sft.weight_decay,
+        "attn": cfg.model.attn,
+        "seed": cfg.model.seed,
+    }
+
+
 def train_on_trajectories(
     model,
     trajectories: list[Trajectory],
@@ -306,17 +319,11 @@ def train_sft(
         model,
         trajs,
         tok.pad_token_id,
-        lr=cfg.sft.lr,
-        batch_size=cfg.sft.batch_size,
         minutes=minutes,
         max_steps=steps
         if steps is not None
         else (cfg.sft.warm_start_steps if warm_start else cfg.sft.steps),
-        warmup_steps=cfg.sft.warmup_steps,
-        grad_clip=cfg.sft.grad_clip,
-        weight_decay=cfg.sft.weight_decay,
-        attn=cfg.model.attn,
-        seed=cfg.model.seed,
+        **step_options(cfg),
         eval_fn=eval_fn,
         eval_every_minutes=max(0.5, minutes / 4),  # four points on the held-out curve
         log=log,
