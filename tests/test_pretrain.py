@@ -8,6 +8,7 @@ import random
 
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from mem1_core.data.prompts import task_prompt
 from mem1_core.rollout.loop import Task
@@ -98,3 +99,45 @@ def test_a_list_drill_answers_when_the_count_is_reached_and_goes_on_before(k, wa
         assert last_state.endswith(f"Next: Q{k + 2}. </IS>") and "<answer>" not in text
     with pytest.raises(ValueError):
         drill_text(facts, "x", "y", k)  # fewer wanted than the list already holds
+
+
+def test_pretraining_continues_from_a_base_with_its_weights_tokenizer_and_history(tmp_path):
+    """`pretrain.init`: the continued run starts from the base's own weights (at lr 0 they come
+    out unchanged, where a fresh start would be other random weights), adopts its tokenizer
+    and carries its history into the new manifest."""
+    from safetensors.torch import load_file
+
+    from mem1_core.config import load_config
+    from mem1_core.training.pretrain import pretrain
+
+    small = [
+        "pretrain.minutes=0.01",
+        "pretrain.tasks_per_world=4",
+        "pretrain.drills_per_world=4",
+        "pretrain.question_drills_per_world=4",
+        "pretrain.eval_objectives=[1]",
+        "pretrain.eval_tasks=2",
+        "pretrain.batch_size=2",
+        "model.base=null",
+    ]
+    first = pretrain(load_config("smoke", overrides=small), tmp_path / "a", progress=False)
+    first_dir = tmp_path / "a" / "base"
+    first["history"] = [{"what": "the first run"}]
+    (first_dir / "manifest.json").write_text(json.dumps(first))
+    cfg = load_config(
+        "smoke", overrides=[*small, f"pretrain.init={first_dir}", "pretrain.lr=0", "model.seed=9"]
+    )
+    second = pretrain(cfg, tmp_path / "b", progress=False)
+    a = load_file(first_dir / "model.safetensors")
+    b = load_file(tmp_path / "b" / "base" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    tok_a = (first_dir / "tokenizer.json").read_text()
+    assert (tmp_path / "b" / "base" / "tokenizer.json").read_text() == tok_a
+    assert second["init"]["path"] == str(first_dir.resolve())
+    assert second["history"][0] == {"what": "the first run"} and len(second["history"]) == 2
+    with pytest.raises(ValueError, match="not a base directory"):
+        pretrain(
+            load_config("smoke", overrides=[*small, f"pretrain.init={tmp_path}"]),
+            tmp_path / "c",
+            progress=False,
+        )

@@ -344,6 +344,11 @@ class PretrainConfig(Section):
     eval_objectives: tuple[int, ...] = (1, 2, 4)
     eval_tasks: int = 32
     eval_every_minutes: float = 10.0
+    init: str | None = None
+    """Continue from this base (a directory with `manifest.json`: its weights and tokenizer,
+    not its optimiser) instead of random weights: teaching an existing base a changed format
+    without redoing hours. Its format may be an older one; its manifest's history is carried
+    into the new one."""
 
     def __post_init__(self) -> None:
         if any(n > 2 or n < 1 for n in self.objectives):

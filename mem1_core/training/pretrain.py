@@ -244,6 +244,17 @@ def held_out(model, tok, cfg, root: Path, seeds: tuple[int, ...], ns: tuple[int,
     return out
 
 
+def _init_base(path: str) -> Path:
+    """`pretrain.init` resolved and checked to be a base (its format may be older: that is
+    what continuing is for; the tokenizer is checked when it is adopted)."""
+    from mem1_core.models.base import resolve_base
+
+    p = resolve_base(path)
+    if not (p / MANIFEST).exists() or not (p / "model.safetensors").exists():
+        raise ValueError(f"pretrain.init={path}: not a base directory (no {MANIFEST} / weights)")
+    return p
+
+
 def _git_commit() -> str:
     try:
         return subprocess.run(
@@ -260,7 +271,7 @@ def _git_commit() -> str:
 def pretrain(cfg, out_dir: str | Path, *, resume: bool = False, progress: bool = True) -> dict:
     """Train the base into `<out>/base` with `<out>/base/manifest.json`; resumable."""
     from mem1_core.models.model import build_tiny_model, count_parameters, load_model, save_model
-    from mem1_core.runs.assets import ensure_tokenizer
+    from mem1_core.runs.assets import adopt_init_tokenizer, ensure_tokenizer
     from mem1_core.runs.layout import RunPaths
     from mem1_core.training.sft import lr_at, sft_loss
 
@@ -273,6 +284,9 @@ def pretrain(cfg, out_dir: str | Path, *, resume: bool = False, progress: bool =
     worlds = out / "worlds"
     # The tokenizer: trained once, on the first fresh world; it covers every syllable and
     # year by construction (mem1_core.models.tokenizer), so it serves every world after it.
+    init = _init_base(pcfg.init) if pcfg.init else None
+    if init is not None:  # the base's tokenizer is the tokenizer (an error if out/ has another)
+        adopt_init_tokenizer(cfg, RunPaths(out), init)
     tok = ensure_tokenizer(_world_cfg(cfg, pcfg.world_seed), RunPaths(out))
     torch.manual_seed(cfg.model.seed)
     if resume and state_file.exists():
@@ -280,7 +294,9 @@ def pretrain(cfg, out_dir: str | Path, *, resume: bool = False, progress: bool =
         model = load_model(ckpt / "policy", cfg.model, tok)
     else:
         state = {"step": 0, "seconds": 0.0, "round": 0, "curve": [], "evals": [], "tokens": 0}
-        model = build_tiny_model(cfg.model, tok)
+        model = (
+            build_tiny_model(cfg.model, tok) if init is None else load_model(init, cfg.model, tok)
+        )
     opt = torch.optim.AdamW(model.parameters(), lr=pcfg.lr, weight_decay=pcfg.weight_decay)
     if resume and (ckpt / "optimizer.pt").exists():
         opt.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
@@ -402,5 +418,19 @@ def pretrain(cfg, out_dir: str | Path, *, resume: bool = False, progress: bool =
         "curve": state["curve"][:: max(1, len(state["curve"]) // 200)],
         "held_out": state["evals"],
     }
+    if init is not None:
+        before = json.loads((init / MANIFEST).read_text())
+        manifest["init"] = {k: before.get(k) for k in ("code_commit", "format", "steps", "minutes")}
+        manifest["init"]["path"] = str(init)
+        manifest["history"] = [
+            *before.get("history", []),
+            {
+                "minutes": f"+{manifest['minutes']}",
+                "steps": f"+{state['step']}",
+                "code": manifest["code_commit"][:7],
+                "what": f"continued from {init} (format {before.get('format', {}).get('format_version')}) "
+                f"in format {manifest['format']['format_version']}",
+            },
+        ]
     atomic.write_json(manifest, base / MANIFEST)
     return manifest
