@@ -246,6 +246,35 @@ def test_sft_lowers_the_loss_on_teacher_trajectories(small_tasks, small_tokenize
     assert result.steps == 30 and after < before - 1.0
 
 
+def test_held_out_evaluations_do_not_eat_the_sft_budget(small_tasks, small_tokenizer, env):
+    """The budget is training time: an evaluation after every step that takes 1 s would
+    stop a 2-second budget after two steps if it counted; all six steps run."""
+    import time
+
+    trajs = teacher_trajectories(small_tasks[:8], small_tokenizer, env, CFG, memory="mem1")
+    calls = []
+
+    def slow_eval() -> dict:
+        time.sleep(1.0)
+        calls.append(1)
+        return {"eval_reward": 0.0}
+
+    result = train_on_trajectories(
+        small_model(small_tokenizer),
+        trajs,
+        small_tokenizer.pad_token_id,
+        lr=1e-3,
+        batch_size=4,
+        minutes=2.0 / 60,
+        max_steps=6,
+        eval_fn=slow_eval,
+        eval_every_minutes=1e-6,
+        progress=False,
+    )
+    assert result.steps == 6 and len(calls) >= 5
+    assert result.seconds < 2.0 + 1.0  # training time, not the 5+ seconds of evaluations
+
+
 def test_learning_rate_schedule():
     assert lr_at(0.0, 0.1, 1.0) == 0.0
     assert lr_at(0.05, 0.1, 1.0) == pytest.approx(0.5)
