@@ -167,3 +167,12 @@ MALFORMED_TURNS = [
 ]
 """(turn text, the rule its parse names) for every rule a malformed turn breaks: the
 environment's contract under both tag schemes (test_rollout, test_text_tags)."""
+
+
+@pytest.fixture
+def ray_cleanup():
+    """Skips without Ray; shuts down a Ray the test started (a local cluster outlives a test)."""
+    ray = pytest.importorskip("ray")
+    yield
+    if ray.is_initialized():
+        ray.shutdown()

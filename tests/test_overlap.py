@@ -180,14 +180,6 @@ def test_on_trains_one_step_stale_rollouts(assets, tmp_path, monkeypatch):
     assert "eval/reward" in rows[-1]
 
 
-@pytest.fixture
-def ray_cleanup():
-    ray = pytest.importorskip("ray")
-    yield
-    if ray.is_initialized():
-        ray.shutdown()
-
-
 @pytest.mark.slow
 def test_on_through_ray_samples_with_the_weights_before_the_update(
     assets, tmp_path, monkeypatch, ray_cleanup

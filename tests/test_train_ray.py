@@ -30,14 +30,6 @@ OVERRIDES = [
 ]
 
 
-@pytest.fixture
-def ray_cleanup():
-    ray = pytest.importorskip("ray")
-    yield
-    if ray.is_initialized():
-        ray.shutdown()
-
-
 def _tree_logprobs(model, trajs, pad_id):
     from mem1_core.rl.batch import make_rollout_batch
     from mem1_core.trajectory.logprobs import forward_tree
