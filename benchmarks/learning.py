@@ -4,8 +4,8 @@ at N = the training objectives and more, with wall times; prints the table and t
 curve and writes a PNG.
 
     python benchmarks/learning.py --out runs/learning                # tiny profile budgets
-    python benchmarks/learning.py --out runs/learning --warm-minutes 30 --ppo-minutes 10 \
-        --sft-minutes 10                                             # the README's numbers
+    python benchmarks/learning.py --out runs/learning --ppo-minutes 10 --sft-minutes 10 \
+        --eval-tasks 128 --eval-objectives 1 2 4 8                   # the README's numbers
     python benchmarks/learning.py --out runs/l2 --init runs/learning/warm_start --objectives 1
 
 With the `tiny` profile's `model.base` (data/base, `mem1 pretrain`) the warm start is the
