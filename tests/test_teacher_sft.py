@@ -246,16 +246,29 @@ def test_sft_lowers_the_loss_on_teacher_trajectories(small_tasks, small_tokenize
     assert result.steps == 30 and after < before - 1.0
 
 
-def test_held_out_evaluations_do_not_eat_the_sft_budget(small_tasks, small_tokenizer, env):
+def test_held_out_evaluations_do_not_eat_the_sft_budget(
+    small_tasks, small_tokenizer, env, monkeypatch
+):
     """The budget is training time: an evaluation after every step that takes 1 s would
-    stop a 2-second budget after two steps if it counted; all six steps run."""
-    import time
+    stop a 2-second budget after two steps if it counted; all six steps run. On a clock of
+    the test's own (each reading 1 ms on, an evaluation 1 s), so a loaded machine cannot
+    decide it."""
+    import types
 
+    from mem1_core.training import sft
+
+    clock = [0.0]
+
+    def perf_counter() -> float:
+        clock[0] += 1e-3
+        return clock[0]
+
+    monkeypatch.setattr(sft, "time", types.SimpleNamespace(perf_counter=perf_counter))
     trajs = teacher_trajectories(small_tasks[:8], small_tokenizer, env, CFG, memory="mem1")
     calls = []
 
     def slow_eval() -> dict:
-        time.sleep(1.0)
+        clock[0] += 1.0
         calls.append(1)
         return {"eval_reward": 0.0}
 
