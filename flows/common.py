@@ -11,7 +11,6 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.context import FlowRunContext
 
 from mem1_core.config import Config, load_config
-from mem1_core.evaluation.summary import numeric_metrics
 
 
 def build_config(profile: str, config_path: str | None, overrides: list[str] | None) -> Config:
@@ -26,6 +25,8 @@ def run_dir(root: str | None, name: str) -> Path:
 
 def metric_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
     """A record's numbers as (metric, value) table rows."""
+    from mem1_core.evaluation.summary import numeric_metrics
+
     return [{"metric": k, "value": v} for k, v in sorted(numeric_metrics(record).items())]
 
 

@@ -11,12 +11,13 @@ from prefect import flow, task
 
 from flows.common import build_config, publish_markdown, publish_table, run_dir, stage_run_name
 from mem1_core.config import Config
-from mem1_core.runs.assets import ensure_tasks, ensure_world
 from mem1_core.runs.layout import RunPaths
 
 
 @task(name="build-world", cache_policy=None)
 def build_world(cfg: Config, paths: RunPaths) -> tuple[Path, float]:
+    from mem1_core.runs.assets import ensure_world
+
     t0 = time.perf_counter()
     return ensure_world(cfg, paths), time.perf_counter() - t0
 
@@ -24,6 +25,8 @@ def build_world(cfg: Config, paths: RunPaths) -> tuple[Path, float]:
 @task(name="compose", retries=2, retry_delay_seconds=5, cache_policy=None)
 def compose_one(cfg: Config, paths: RunPaths, split: str, n: int) -> dict:
     """Compose (or reuse) one task file; retried because hub datasets load over the network."""
+    from mem1_core.runs.assets import ensure_tasks
+
     t0 = time.perf_counter()
     path = ensure_tasks(cfg, paths, split, n)
     table = pq.read_table(path)

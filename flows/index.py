@@ -12,9 +12,9 @@ from prefect import flow, task
 
 from flows.common import build_config, publish_table, run_dir, stage_run_name
 from mem1_core.config import Config
-from mem1_core.retrieval import ensure_index, read_manifest
-from mem1_core.retrieval.index import index_size_bytes
-from mem1_core.runs.assets import index_options, prebuilt_index
+
+# The library's retrieval and run assets are imported where they are used: importing this
+# module (as `prefect deploy` does) stays free of pandas, torch and transformers.
 
 
 @task(name="corpus", cache_policy=None)
@@ -31,11 +31,16 @@ def corpus_path(cfg: Config, out: Path) -> Path:
 # survives outside Prefect (the CLI, another flow run with a fresh cache store).
 @task(name="build-index", cache_policy=None)
 def build_or_reuse(corpus: Path, kind: str, root: Path, options: dict[str, Any]) -> dict[str, Any]:
+    from mem1_core.retrieval import ensure_index
+
     index_dir, built = ensure_index(corpus, kind, root, show_progress=False, **options)
     return describe(index_dir, built)
 
 
 def describe(index_dir: Path, built: bool) -> dict[str, Any]:
+    from mem1_core.retrieval import read_manifest
+    from mem1_core.retrieval.index import index_size_bytes
+
     m = read_manifest(index_dir)
     return {
         "index": str(index_dir),
@@ -61,6 +66,8 @@ def build_index_flow(
     """Corpus of the profile -> index (built or reused) -> table artifact. With `out_dir`
     (the pipeline's run directory) everything goes there, in the run layout of
     mem1_core.runs.assets; else under `runs_root/index-<profile>`."""
+    from mem1_core.runs.assets import index_options, prebuilt_index
+
     cfg = build_config(profile, config_path, overrides)
     if cfg.retrieval.url is not None:
         print(f"retrieval served at {cfg.retrieval.url}: no index to build")

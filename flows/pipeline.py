@@ -38,7 +38,6 @@ from flows.common import (
 )
 from mem1_core.config import config_json
 from mem1_core.runs.atomic import write_json, write_text
-from mem1_core.runs.checkpoint import checkpoint_memory
 from mem1_core.runs.layout import CHECKPOINTS, newest_checkpoint_under
 from mem1_core.runs.summary import render_headline, render_summary, run_headline
 from mem1_core.training.actor_pool import reuse_actors
@@ -363,6 +362,8 @@ def nightly_eval(runs_root: str | None = None, profile: str = "tiny") -> dict[st
     run_dir = checkpoint.parents[1]  # the training run that wrote it holds its tasks and index
     out = run_dir / "nightly" / default_run_name()
     policy = checkpoint / "policy" if (checkpoint / "policy").is_dir() else checkpoint
+    from mem1_core.runs.checkpoint import checkpoint_memory
+
     memory = checkpoint_memory(checkpoint) or cfg.rollout.memory  # the run's own, when recorded
     result = run_objective_scaling(
         cfg, run_dir, out, [(checkpoint.name, str(policy), memory)], teacher=False, progress=False

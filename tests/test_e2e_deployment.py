@@ -145,6 +145,22 @@ def test_deployment_file_names_the_flows_and_a_nightly_cron():
     )
 
 
+def test_importing_the_flows_loads_no_torch():
+    """`prefect deploy` imports every entrypoint's module, and a flow run imports it before
+    it is Running: the flows import the library's heavy layers (torch, transformers, pandas)
+    where a stage runs, not at the top (they took 20 s of each deploy and flow-run start)."""
+    heavy = ("torch", "transformers", "pandas")
+    code = (
+        "import sys, flows.pipeline, flows.stages, flows.data, flows.index, deployments.launch\n"
+        f"print(' '.join(m for m in {heavy!r} if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "", f"importing the flows loaded {done.stdout.strip()}"
+
+
 def test_stop_process_tree_reaches_processes_in_other_sessions():
     # Like a worker: a child in its own session, whose own child (a flow run) starts
     # another session, plus an ordinary grandchild.

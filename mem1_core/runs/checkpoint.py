@@ -32,7 +32,6 @@ import hashlib
 import json
 import logging
 import random
-import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,15 +44,17 @@ from torch import nn
 
 from mem1_core.rl.critic import VALUE_HEAD_FILE, Critic
 from mem1_core.runs.atomic import atomic_dir, write_json
+from mem1_core.runs.layout import (
+    CORRUPT_SUFFIX,
+    PREFIX,
+    STATE_FILE,
+    checkpoint_name,
+    latest_checkpoint,  # noqa: F401  (its home is layout; importable from here as before)
+    list_checkpoints,
+)
 
-PREFIX = "iter_"
-_NAME = re.compile(rf"^{PREFIX}(\d+)$")
-STATE_FILE = "state.json"
 MANIFEST_FILE = "manifest.json"
 MANIFEST_VERSION = 1
-CORRUPT_SUFFIX = ".corrupt"
-"""A checkpoint that failed verification is renamed `iter_K.corrupt`: kept for a post-mortem,
-invisible to `list_checkpoints`, never deleted by keep-last-K."""
 log = logging.getLogger(__name__)
 
 
@@ -71,24 +72,6 @@ class TrainState:
     """Training wall time so far, summed over restarts (for the `ppo.minutes` budget)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """JSON-able counters and identifiers (non-finite counts, estimator, init, W&B id)."""
-
-
-def checkpoint_name(iteration: int) -> str:
-    return f"{PREFIX}{iteration:06d}"
-
-
-def list_checkpoints(root: str | Path) -> list[Path]:
-    """Complete checkpoints under `root`, oldest first (staging directories start with `.`)."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if _NAME.match(p.name) and (p / STATE_FILE).is_file()]
-    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
-
-
-def latest_checkpoint(root: str | Path) -> Path | None:
-    found = list_checkpoints(root)
-    return found[-1] if found else None
 
 
 # ---- integrity -------------------------------------------------------------------------------

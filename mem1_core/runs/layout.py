@@ -22,12 +22,41 @@ A pipeline run puts each training stage in a subdirectory laid out the same way
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mem1_core.runs.atomic import write_text
-from mem1_core.runs.checkpoint import CORRUPT_SUFFIX, latest_checkpoint
+
+# Checkpoint directory names (their contents: mem1_core.runs.checkpoint). Here, not there, so
+# that finding a run's checkpoints imports no torch: `prefect deploy` and a flow run's start
+# import the flows, which import this module (issue 14: 20 s of imports per deploy).
+PREFIX = "iter_"
+_NAME = re.compile(rf"^{PREFIX}(\d+)$")
+STATE_FILE = "state.json"
+CORRUPT_SUFFIX = ".corrupt"
+"""A checkpoint that failed verification is renamed `iter_K.corrupt`: kept for a post-mortem,
+invisible to `list_checkpoints`, never deleted by keep-last-K."""
+
+
+def checkpoint_name(iteration: int) -> str:
+    return f"{PREFIX}{iteration:06d}"
+
+
+def list_checkpoints(root: str | Path) -> list[Path]:
+    """Complete checkpoints under `root`, oldest first (staging directories start with `.`)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if _NAME.match(p.name) and (p / STATE_FILE).is_file()]
+    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    found = list_checkpoints(root)
+    return found[-1] if found else None
+
 
 CHECKPOINTS = "checkpoints"
 POLICY = "policy"
@@ -156,7 +185,7 @@ def newest_checkpoint_under(runs_root: str | Path) -> Path | None:
     a stage's `runs_root/*/*/checkpoints/` (e.g. `run/ppo_mem1/checkpoints/`), by
     modification time (ties: by path), or None. Entries starting with `.` are skipped:
     atomic writes stage there; so are checkpoints set aside as corrupt (`iter_K.corrupt*`).
-    (Within one run: mem1_core.runs.checkpoint.latest_checkpoint.)"""
+    (Within one run: `latest_checkpoint`.)"""
     root = Path(runs_root)
     if not root.is_dir():
         return None

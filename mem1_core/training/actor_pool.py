@@ -23,8 +23,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from mem1_core.config import Config
 
 log = logging.getLogger(__name__)
@@ -106,5 +104,7 @@ def drop_state(actor: object) -> None:
     learner's optimiser states) at once may not fit."""
     actor.__dict__.clear()
     gc.collect()
+    import torch  # here, not at the top: the flows import this module (see runs/layout.py)
+
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
