@@ -15,7 +15,7 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 
 def test_index_options_follow_the_retrieval_config():
-    from flows.index import index_options
+    from mem1_core.runs.assets import index_options
 
     assert index_options(load_config("smoke")) == {}
     paper = load_config("paper")
