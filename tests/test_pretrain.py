@@ -105,6 +105,7 @@ def test_pretraining_continues_from_a_base_with_its_weights_tokenizer_and_histor
     """`pretrain.init`: the continued run starts from the base's own weights (at lr 0 they come
     out unchanged, where a fresh start would be other random weights), adopts its tokenizer
     and carries its history into the new manifest."""
+    import matplotlib.pyplot as plt
     from safetensors.torch import load_file
 
     from mem1_core.config import load_config
@@ -122,6 +123,9 @@ def test_pretraining_continues_from_a_base_with_its_weights_tokenizer_and_histor
     ]
     first = pretrain(load_config("smoke", overrides=small), tmp_path / "a", progress=False)
     first_dir = tmp_path / "a" / "base"
+    # the curve is drawn beside the weights: held-out N=1 and the loss, two panels
+    height, width, _ = plt.imread(first_dir / "curve.png").shape
+    assert width > 1.5 * height
     first["history"] = [{"what": "the first run"}]
     (first_dir / "manifest.json").write_text(json.dumps(first))
     cfg = load_config(
@@ -141,3 +145,13 @@ def test_pretraining_continues_from_a_base_with_its_weights_tokenizer_and_histor
             tmp_path / "c",
             progress=False,
         )
+
+
+def test_held_out_series_is_each_n_in_step_order_with_its_standard_error():
+    from mem1_core.evaluation.scaling import held_out_series
+
+    evals = [
+        {"step": 20, "minutes": 2.0, "em_n1": 0.5, "se_n1": 0.1, "em_n2": 0.25, "se_n2": 0.05},
+        {"step": 10, "minutes": 1.0, "em_n1": 0.0, "se_n1": 0.0},  # N=2 not measured here
+    ]
+    assert held_out_series(evals) == {1: [(10, 0.0, 0.0), (20, 0.5, 0.1)], 2: [(20, 0.25, 0.05)]}

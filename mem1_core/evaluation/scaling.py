@@ -142,6 +142,57 @@ def plot_curves(
     return _save(fig, path)
 
 
+def held_out_series(evals: list[dict]) -> dict[int, list[tuple[int, float, float]]]:
+    """Per N, the (step, EM, SE) points of a base's held-out evaluations (`em_n{N}` and
+    `se_n{N}` keys, as `mem1 pretrain` records them), in step order; a point that did not
+    measure an N is left out of that N's series."""
+    series: dict[int, list[tuple[int, float, float]]] = {}
+    for row in sorted(evals, key=lambda r: r["step"]):
+        for key, em in row.items():
+            if key.startswith("em_n"):
+                n = int(key[4:])
+                series.setdefault(n, []).append((row["step"], em, row.get(f"se_n{n}", 0.0)))
+    return dict(sorted(series.items()))
+
+
+def plot_base_curves(bases: dict[str, dict], path: Path) -> Path:
+    """Pretraining curves of one or more bases: held-out EM (± standard error, shaded) over
+    steps, one panel per N, one line per base; the training loss in the last panel.
+    `bases` maps a name to a manifest-like dict with `held_out` (or `evals`) and `curve`."""
+    per_base = {
+        name: held_out_series(b.get("held_out") or b.get("evals") or [])
+        for name, b in bases.items()
+    }
+    ns = sorted({n for s in per_base.values() for n in s})
+    fig, axes = plt.subplots(1, len(ns) + 1, figsize=(3.2 * (len(ns) + 1), 3.2), squeeze=False)
+    axes = axes[0]
+    for ax, n in zip(axes, ns, strict=False):
+        for name, series in per_base.items():
+            pts = series.get(n)
+            if not pts:
+                continue
+            steps, em, se = (list(c) for c in zip(*pts, strict=True))
+            (line,) = ax.plot(steps, em, marker=".", label=name)
+            lo = [max(0.0, e - s) for e, s in zip(em, se, strict=True)]
+            hi = [min(1.0, e + s) for e, s in zip(em, se, strict=True)]
+            ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(f"held-out EM, N={n}")
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    loss_ax = axes[-1]
+    for name, b in bases.items():
+        pts = [(r["step"], r["loss"]) for r in b.get("curve", []) if r.get("loss") is not None]
+        if pts:
+            loss_ax.plot(*zip(*pts, strict=True), label=name, linewidth=0.8)
+    loss_ax.set_yscale("log")
+    loss_ax.set_title("training loss")
+    loss_ax.set_xlabel("step")
+    loss_ax.grid(alpha=0.3)
+    axes[0].legend(fontsize="small")
+    return _save(fig, path)
+
+
 def scaling_plots(table: pd.DataFrame, out_dir: Path) -> dict[str, Path]:
     return {
         "peak_tokens": plot_metric_vs_n(

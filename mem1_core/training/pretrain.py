@@ -61,6 +61,8 @@ from mem1_core.models.base import MANIFEST, format_fingerprint, tokenizer_hash
 from mem1_core.runs import atomic
 from mem1_core.runs.progress import Progress as StageProgress
 
+CURVE_PNG = "curve.png"  # held-out EM per N and the loss over steps (plot_base_curves)
+
 
 @dataclass
 class Source:
@@ -332,7 +334,13 @@ def pretrain(cfg, out_dir: str | Path, *, resume: bool = False, progress: bool =
         )
         state["evals"].append(row)
         tqdm.write(f"[pretrain] held-out {json.dumps(row)}")
+        plot(out / CURVE_PNG)  # the curve so far, to look at while it trains
         model.train()
+
+    def plot(path: Path) -> None:
+        from mem1_core.evaluation.scaling import plot_base_curves
+
+        plot_base_curves({out.name: {"held_out": state["evals"], "curve": state["curve"]}}, path)
 
     def save() -> None:
         state["seconds"] = elapsed()
@@ -398,6 +406,7 @@ def pretrain(cfg, out_dir: str | Path, *, resume: bool = False, progress: bool =
     atomic.write_text("\n".join(log_lines) + "\n", out / "metrics.jsonl")
     base = out / "base"
     save_model(model, tok, base)
+    plot(base / CURVE_PNG)
     manifest = {
         "command": " ".join(["mem1", *sys.argv[1:]]) if sys.argv else "mem1 pretrain",
         "code_commit": _git_commit(),
