@@ -158,11 +158,8 @@ def held_out_series(evals: list[dict]) -> dict[int, list[tuple[int, float, float
 def plot_base_curves(bases: dict[str, dict], path: Path) -> Path:
     """Pretraining curves of one or more bases: held-out EM (± standard error, shaded) over
     steps, one panel per N, one line per base; the training loss in the last panel.
-    `bases` maps a name to a manifest-like dict with `held_out` (or `evals`) and `curve`."""
-    per_base = {
-        name: held_out_series(b.get("held_out") or b.get("evals") or [])
-        for name, b in bases.items()
-    }
+    `bases` maps a name to a manifest-like dict with `held_out` and `curve`."""
+    per_base = {name: held_out_series(b.get("held_out", [])) for name, b in bases.items()}
     ns = sorted({n for s in per_base.values() for n in s})
     fig, axes = plt.subplots(1, len(ns) + 1, figsize=(3.2 * (len(ns) + 1), 3.2), squeeze=False)
     axes = axes[0]
