@@ -19,6 +19,7 @@ predict a generated token (what a trainer needs), so neither pays for (L, V) log
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -95,6 +96,11 @@ class TrajectoryBenchConfig:
     """Mean info block length."""
     jitter: float = 0.25
     """Each length is drawn uniformly in mean * [1 - jitter, 1 + jitter]."""
+    model: str | None = None
+    """A pretrained model to run instead of the tiny random one: a hub name, a model directory,
+    a `.gguf` file or a shipped model's short name (`smollm2-135m-instruct`,
+    mem1_core.models.gguf). Its vocabulary then replaces `vocab_size`, and the tiny model's
+    shape fields are ignored."""
     vocab_size: int = 600
     hidden_size: int = 128
     num_layers: int = 2
@@ -141,6 +147,14 @@ def tiny_qwen2(cfg: TrajectoryBenchConfig, attn: str = "sdpa") -> nn.Module:
     torch.manual_seed(cfg.seed)
     # _from_config writes the attention choice into the config it is given: copy it.
     return Qwen2ForCausalLM._from_config(copy.deepcopy(config), attn_implementation=attn).eval()
+
+
+def pretrained(name_or_path: str, attn: str) -> nn.Module:
+    """A pretrained causal LM (mem1_core.models.model.load_model), fp32, eval mode."""
+    from mem1_core.config import ModelConfig
+    from mem1_core.models.model import load_model
+
+    return load_model(name_or_path, ModelConfig(name_or_path=name_or_path, attn=attn))
 
 
 def synthetic_trajectories(cfg: TrajectoryBenchConfig, policy: str, turns: int) -> list[Paths]:
@@ -335,10 +349,18 @@ def run_trajectory_bench(
     """All (policy, turns) cells, in order; `emit` sees each row as soon as it is measured."""
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
-    model = tiny_qwen2(cfg, "sdpa")
+    if cfg.model is not None:
+        model = pretrained(cfg.model, "sdpa")
+        cfg = dataclasses.replace(cfg, vocab_size=model.config.vocab_size)
+    else:
+        model = tiny_qwen2(cfg, "sdpa")
     flex_model = None
     if cfg.flex:
-        flex_model = tiny_qwen2(cfg, "flex_attention")
+        flex_model = (
+            pretrained(cfg.model, "flex_attention")
+            if cfg.model
+            else tiny_qwen2(cfg, "flex_attention")
+        )
         flex_model.load_state_dict(model.state_dict())
     rows = []
     for policy in cfg.memories:

@@ -313,7 +313,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description=__doc__.splitlines()[0],
         epilog="./dev train-eval also takes --keep-server: leave the Prefect server running.",
     )
-    p.add_argument("--profile", default="tiny", help="config profile (tiny, smoke, paper)")
+    p.add_argument("--profile", default="tiny", help="config profile (tiny, smoke, smol, paper)")
     p.add_argument("--config", dest="config_path", help="YAML config file on top of the profile")
     p.add_argument(
         "--set",

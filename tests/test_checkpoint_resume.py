@@ -24,6 +24,7 @@ from mem1_core.models.model import build_tiny_model
 from mem1_core.rl.critic import Critic
 from mem1_core.runs.checkpoint import (
     TrainState,
+    checkpoint_problems,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -114,6 +115,25 @@ def test_keeps_the_last_k_and_ignores_partial_saves(small_tokenizer, tmp_path):
     assert latest_checkpoint(tmp_path).name == "iter_000004"
     assert remove_partial(tmp_path) == [stale] and not stale.exists()
     assert latest_checkpoint(tmp_path / "missing") is None
+
+
+def test_only_the_newest_checkpoint_keeps_its_optimiser_state(small_tokenizer, tmp_path, caplog):
+    """Issue 26: AdamW's moments are 2/3 of a checkpoint; the older kept checkpoints drop them
+    and stay intact by their manifests; resuming one restores its weights, moments afresh."""
+    policy, critic, opts = _setup(small_tokenizer, 1)
+    for k in range(1, 4):
+        save_checkpoint(tmp_path, TrainState(k), policy=policy, optimizers=opts, config={}, keep=3)
+    old, older, newest = (tmp_path / f"iter_00000{k}" for k in (1, 2, 3))
+    assert (newest / "optimizer.pt").is_file()
+    assert not (old / "optimizer.pt").exists() and not (older / "optimizer.pt").exists()
+    assert checkpoint_problems(old) == [] and checkpoint_problems(newest) == []
+    expected = {k: v.clone() for k, v in policy.state_dict().items()}
+    other = _setup(small_tokenizer, 2)
+    with caplog.at_level("WARNING"):
+        load_checkpoint(older, policy=other[0], optimizers=other[2])
+    assert "no optimiser state" in caplog.text
+    assert all(torch.equal(expected[k], v) for k, v in other[0].state_dict().items())
+    assert all(not o.state_dict()["state"] for o in other[2].values())  # fresh moments
 
 
 def test_an_interrupted_save_leaves_no_checkpoint(small_tokenizer, tmp_path, monkeypatch):

@@ -188,6 +188,9 @@ def _first_prefix(tok, ids, pred) -> int:
     [
         *MALFORMED_TURNS,
         ("<IS> a </IS><query> x </query>.\nmore", "tags out of order"),
+        ("noise <IS> s </IS><query>Kalo</query>\n", "text outside the tags"),  # issue 26
+        ("<IS> s </IS> so <query>Kalo</query>", "text outside the tags"),
+        ("<IS> s </IS><info>made up</info><query>Kalo</query>", "wrote an <info>"),
     ],
 )
 def test_each_malformed_turn_has_one_rule(env, hub_tok, text, error):
@@ -199,7 +202,7 @@ def test_each_malformed_turn_has_one_rule(env, hub_tok, text, error):
     ("text", "action", "said"),
     [
         ("<IS> Start. </IS><query> Kalo Vesh </query>", Action.QUERY, "Kalo Vesh"),
-        ("noise <IS> s </IS><query>Kalo</query>\n", Action.QUERY, "Kalo"),  # `>\n`: one token
+        ("\n <IS> s </IS>\n<query>Kalo</query>\n", Action.QUERY, "Kalo"),  # `>\n`: one token
         ("<IS> Q1: 1874. </IS><answer> 1874; Kalo</answer>.\n", Action.ANSWER, "1874; Kalo"),
         ("<IS> s </IS><answer></answer>", Action.ANSWER, ""),
     ],

@@ -39,6 +39,16 @@ class SFTConfig(Section):
     entities): the pretraining a base model brings, which teaches copying."""
     weight_decay: float = 0.0
     grad_clip: float = 1.0
+    eval_tasks: int = 32
+    """Held-out tasks (greedy) scored before, during and after an SFT stage; 0 turns those
+    evaluations off (at 135M parameters on a CPU each costs minutes)."""
+    evals: int = 4
+    """Held-out evaluations during an SFT stage, evenly spaced over its budget (0: only before
+    and after)."""
+
+    def __post_init__(self) -> None:
+        if self.eval_tasks < 0 or self.evals < 0:
+            raise ValueError("sft.eval_tasks and sft.evals must be >= 0 (0 turns them off)")
 
 
 # The names of each family, checked here without importing the math (tests/test_config.py

@@ -34,6 +34,29 @@ def tiny_qwen2_config(cfg: ModelConfig, vocab_size: int, pad_id: int, eos_id: in
     )
 
 
+AUTOCAST_ATTR = "mem1_autocast"
+"""The attribute by which a loaded model carries `model.autocast` (its compute dtype) to
+whatever runs it: the generation backend, SFT and the learner (`compute_context`)."""
+
+
+def set_compute(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Module:
+    """Record `cfg.autocast` on `model` (in place); returns it."""
+    setattr(model, AUTOCAST_ATTR, cfg.autocast)
+    return model
+
+
+def compute_context(model: torch.nn.Module):
+    """torch.autocast in the model's `model.autocast` dtype on its device, else a null
+    context. Weights stay as they are (float32 on CPU), so optimiser steps keep full precision."""
+    import contextlib
+
+    dtype = getattr(model, AUTOCAST_ATTR, None)
+    if dtype is None:
+        return contextlib.nullcontext()
+    device = next(model.parameters()).device
+    return torch.autocast(device_type=device.type, dtype=DTYPES[dtype])
+
+
 def build_tiny_model(cfg: ModelConfig, tokenizer) -> PreTrainedModel:
     """A freshly initialised Qwen2 model sized by `cfg`, its vocabulary the tokenizer's."""
     torch.manual_seed(cfg.seed)
@@ -41,7 +64,7 @@ def build_tiny_model(cfg: ModelConfig, tokenizer) -> PreTrainedModel:
     model = Qwen2ForCausalLM._from_config(
         copy.deepcopy(qcfg), attn_implementation=cfg.attn, dtype=DTYPES[cfg.dtype]
     )
-    return model.eval()
+    return set_compute(model.eval(), cfg)
 
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
@@ -72,7 +95,12 @@ def load_model(name_or_path: str | Path, cfg: ModelConfig, tokenizer=None) -> Pr
     Nothing is resized: a hub tokenizer keeps MEM1's tags as text (mem1_core.models.tags), and
     a policy directory holds the embeddings of its own tokenizer. A tokenizer with ids beyond
     the table is not this model's (resizing would read those ids through random rows, as
-    `mem1 rollout --policy-dir` once did: docs/design.md §8), so it is an error."""
+    `mem1 rollout --policy-dir` once did: docs/design.md §8), so it is an error. A `.gguf`
+    file or a shipped model's short name is read from its de-quantized cache
+    (mem1_core.models.gguf)."""
+    from mem1_core.models.gguf import resolve_pretrained
+
+    name_or_path = resolve_pretrained(name_or_path)
     if Path(name_or_path).exists():  # a local directory, not a hub name
         check_model_dir(name_or_path)
     model = AutoModelForCausalLM.from_pretrained(
@@ -87,7 +115,7 @@ def load_model(name_or_path: str | Path, cfg: ModelConfig, tokenizer=None) -> Pr
             f"the tokenizer has {len(tokenizer)} tokens but {name_or_path} has {rows} embedding "
             "rows: load the tokenizer saved with this model (load_tokenizer on its directory)"
         )
-    return model.eval()
+    return set_compute(model.eval(), cfg)
 
 
 def save_model(model: PreTrainedModel, tokenizer, out_dir: str | Path) -> Path:
@@ -109,10 +137,8 @@ def master_weights(model: torch.nn.Module, dtype: str):
     Why: an AdamW step is about lr in size; at the paper's actor lr of 1e-6 that is far
     below half of bf16's rounding step for a weight of typical size (2^-8 relative), so
     bf16 parameters updated in place mostly do not change at all."""
-    import contextlib
-
     if DTYPES[dtype] == torch.float32:
-        return contextlib.nullcontext()
+        return compute_context(model)  # float32 weights, computing as `model.autocast` says
     model.float()
     device = next(model.parameters()).device
     return torch.autocast(device_type=device.type, dtype=DTYPES[dtype])

@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from mem1_core.data.prompts import IS_OPEN, TAGS
+from mem1_core.data.prompts import IS_CLOSE, IS_OPEN, TAGS
 
 
 def turn_text(tok, ids: Sequence[int]) -> str:
@@ -66,10 +66,24 @@ class TagCodec(ABC):
     def stops(self, tags: Sequence[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
         """What ends a turn that writes one of `tags`: (stop token ids, stop strings)."""
 
+    @abstractmethod
+    def before(self, ids: Sequence[int], a: TagSpan) -> str:
+        """The text of `ids` before tag `a`, stripped (what a turn wrote outside its tags)."""
+
     def state_start(self, ids: Sequence[int]) -> int:
         """Index of the token where the turn's first `<IS>` starts, 0 if it has none (what
         MEM1 carries into the next context: mem1_core.rollout.memory)."""
         return next((s.first for s in self.find(ids) if s.tag == IS_OPEN), 0)
+
+    def state_span(self, ids: Sequence[int]) -> tuple[int, int] | None:
+        """Token slice [start, end) of the turn's first `<IS> … </IS>`, None if it has no
+        closed state (what MEM1 keeps of an invalid turn: mem1_core.rollout.memory)."""
+        spans = self.find(ids)
+        opened = next((s for s in spans if s.tag == IS_OPEN), None)
+        if opened is None:
+            return None
+        closed = next((s for s in spans if s.tag == IS_CLOSE and s.start > opened.start), None)
+        return None if closed is None else (opened.first, closed.last + 1)
 
 
 class SpecialTags(TagCodec):
@@ -91,6 +105,9 @@ class SpecialTags(TagCodec):
 
     def between(self, ids: Sequence[int], a: TagSpan, b: TagSpan) -> str:
         return self.tok.decode(list(ids[a.last + 1 : b.first]), skip_special_tokens=True).strip()
+
+    def before(self, ids: Sequence[int], a: TagSpan) -> str:
+        return self.tok.decode(list(ids[: a.first]), skip_special_tokens=True).strip()
 
     def stops(self, tags: Sequence[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
         return tuple(self.ids[t] for t in tags), ()
@@ -124,6 +141,9 @@ class TextTags(TagCodec):
 
     def between(self, ids: Sequence[int], a: TagSpan, b: TagSpan) -> str:
         return turn_text(self.tok, ids)[a.end : b.start].strip()
+
+    def before(self, ids: Sequence[int], a: TagSpan) -> str:
+        return turn_text(self.tok, ids)[: a.start].strip()
 
     def stops(self, tags: Sequence[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
         return (), tuple(tags)

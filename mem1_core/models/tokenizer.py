@@ -91,7 +91,12 @@ def load_tokenizer(name_or_path: str | Path) -> PreTrainedTokenizerFast:
 
     A tiny tokenizer saved next to a Qwen2 model (a policy directory) must not go through
     AutoTokenizer: it picks the class from the model's config (Qwen2Tokenizer), which
-    replaces our syllable pre-tokenizer with byte-level BPE, silently changing every id."""
+    replaces our syllable pre-tokenizer with byte-level BPE, silently changing every id.
+    A `.gguf` file or a shipped model's short name reads the tokenizer of its de-quantized
+    cache (mem1_core.models.gguf)."""
+    from mem1_core.models.gguf import resolve_pretrained
+
+    name_or_path = resolve_pretrained(name_or_path)
     config = Path(name_or_path) / "tokenizer_config.json"
     tok = None
     if config.is_file():

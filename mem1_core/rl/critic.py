@@ -56,7 +56,10 @@ class Critic(nn.Module):
         # prefix under sdpa/eager, one pass with a BlockMask under flex or a given mask.
         hidden = tree_hidden(self.backbone, batch, attn, mask=mask)
         index = batch.prev_index.clamp(min=0)[..., None].expand(-1, -1, hidden.shape[-1])
-        values = self.value_head(hidden.gather(1, index).float()).squeeze(-1)
+        # The head in float32 even under bf16 autocast (model.autocast): values are regression
+        # targets of a few-hundredths' precision, which bf16's 8-bit mantissa would round away.
+        with torch.autocast(hidden.device.type, enabled=False):
+            values = self.value_head(hidden.gather(1, index).float()).squeeze(-1)
         return torch.where(batch.prev_index >= 0, values, torch.zeros_like(values))
 
     def save(self, out_dir: str | Path) -> Path:

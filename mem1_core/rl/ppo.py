@@ -27,6 +27,7 @@ Choices and departures:
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import torch
@@ -95,6 +96,7 @@ def update(
             f"ppo.adv_estimator={cfg.adv_estimator!r} and the presence of a critic disagree"
         )
     device = next(models.policy.parameters()).device
+    t0 = time.perf_counter()
     rb = make_rollout_batch(trajs, pad_id, device, seq_bucket)
     targets = score(
         models,
@@ -105,10 +107,15 @@ def update(
         seq_bucket=seq_bucket,
         split=split,
     )
+    t1 = time.perf_counter()
     targets, correction = correct_rollout(rb, targets, cfg)
     targets, rewards = estimate_advantages(rb, targets, cfg)
     stats = batch_stats(rb, targets, rewards, cfg.kl_kind) | correction
     stats["kl_coef"] = cfg.kl_coef
+    t2 = time.perf_counter()
+    # Named phases (verl's `fit` timers): where a learner's second goes.
+    stats["phase_score_seconds"] = t1 - t0  # old / reference log-probs and values
+    stats["phase_advantages_seconds"] = t2 - t1
     stats |= ppo_epochs(
         models,
         optimizers,
@@ -122,4 +129,5 @@ def update(
         seq_bucket=seq_bucket,
         split=split,
     )
+    stats["phase_epochs_seconds"] = time.perf_counter() - t2  # the gradient steps
     return stats | {"nonfinite_total": guard.total}

@@ -7,14 +7,19 @@ The rule below is the same for both; "a tag" is a token id or a substring accord
 
 Model output is untrusted. One rule decides each turn, in this order:
 1. `length`: the turn hit its token budget without closing an action -> invalid.
-2. The turn must be `<IS> … </IS>` followed by exactly one action, `<query> … </query>` or
-   `<answer> … </answer>`, each tag once and in that order (text before `<IS>` is ignored),
-   the closing tag completed by the turn's last token (under `text`, characters that token
-   carries after the tag are ignored).
-   No tags, an unclosed tag, both actions, a repeated tag, or tags out of order -> invalid.
-3. An empty query -> invalid. (An empty answer is a valid answer that scores 0.)
+2. Only the tags the agent may write count as its action: a turn that writes `<info>` or
+   `</info>` (an invented observation) is invalid.
+3. The turn must be `<IS> … </IS>` followed by exactly one action, `<query> … </query>` or
+   `<answer> … </answer>`, each tag once and in that order, with nothing but white space
+   before `<IS>` or between `</IS>` and the action, the closing tag completed by the turn's
+   last token (under `text`, characters that token carries after the tag are ignored).
+   No tags, an unclosed tag, both actions, a repeated tag, tags out of order, or text outside
+   the tags (a pretrained model's preamble, or the `[FORMAT]` hint parroted back, which
+   itself contains the tags) -> invalid.
+4. An empty query -> invalid. (An empty answer is a valid answer that scores 0.)
 An invalid turn gets an `<info>` that says the format was invalid (plus the turns-left hint)
-and counts as a format error. On the last turn only an answer ends the episode with a
+and counts as a format error; what the next context keeps of it is the memory policy's rule
+(mem1_core.rollout.memory: MEM1 keeps only a closed `<IS> … </IS>`). On the last turn only an answer ends the episode with a
 reward; anything else ends it with reward 0 (the budget is exhausted). Nothing raises.
 """
 
@@ -76,10 +81,24 @@ STOP_TAGS = (QUERY_CLOSE, ANSWER_CLOSE)
 
 
 class QAEnvironment:
-    def __init__(self, tokenizer, retriever: Retriever, topk: int, codec: TagCodec | None = None):
+    def __init__(
+        self,
+        tokenizer,
+        retriever: Retriever,
+        topk: int,
+        codec: TagCodec | None = None,
+        *,
+        chat_template: bool = False,
+    ):
         self.tok = tokenizer
         self.retriever = retriever
         self.topk = topk
+        if chat_template and not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                "rollout.chat_template=true, but this tokenizer has no chat template (the tiny "
+                "tokenizer, or a base model's): set rollout.chat_template=false"
+            )
+        self.chat_template = chat_template
         self.codec = codec or tag_codec(tokenizer)
         self.stop_ids, self.stop_strings = self.codec.stops(STOP_TAGS)
 
@@ -92,6 +111,8 @@ class QAEnvironment:
         for s in spans:
             counts[s.tag] += 1
             first.setdefault(s.tag, s)
+        if counts[INFO_OPEN] or counts[INFO_CLOSE]:
+            return Parsed(Action.INVALID, error="wrote an <info> (only the environment does)")
         if counts[IS_OPEN] != 1 or counts[IS_CLOSE] != 1:
             return Parsed(Action.INVALID, error="needs exactly one <IS> … </IS>")
         q, a = counts[QUERY_OPEN] + counts[QUERY_CLOSE], counts[ANSWER_OPEN] + counts[ANSWER_CLOSE]
@@ -110,6 +131,8 @@ class QAEnvironment:
         in_order = i_open.start < i_close.start < a_open.start < a_close.start
         if not in_order or a_close.last != len(ids) - 1:
             return Parsed(Action.INVALID, error="tags out of order")
+        if self.codec.before(ids, i_open) or self.codec.between(ids, i_close, a_open):
+            return Parsed(Action.INVALID, error="text outside the tags")
         text = self.codec.between(ids, a_open, a_close)
         if action is Action.QUERY and not text:
             return Parsed(Action.INVALID, error="empty query")
@@ -120,6 +143,18 @@ class QAEnvironment:
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False)
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """The task prompt's ids: the raw text, or (`chat_template`) the prompt as the user's
+        message and the assistant's turn opened, as an instruction-tuned model was trained to
+        read. Everything after it (turns, `<info>` blocks) continues the assistant's message,
+        as in Search-R1 and MEM1's rollouts."""
+        if not self.chat_template:
+            return self.encode(prompt)
+        ids = self.tok.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+        )
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
     def search(self, queries: list[str]) -> list[list[Hit]]:
         return self.retriever.search(queries, self.topk) if queries else []

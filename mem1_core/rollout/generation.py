@@ -139,6 +139,12 @@ class HFBackend:
         return out
 
     def _generate_batch(self, contexts, params, generator) -> list[Generation]:
+        from mem1_core.models.model import compute_context
+
+        with compute_context(self.model):  # `model.autocast`: bf16 compute on fp32 weights
+            return self._generate_rows(contexts, params, generator)
+
+    def _generate_rows(self, contexts, params, generator) -> list[Generation]:
         if any(len(c) == 0 for c in contexts):
             raise ValueError("every context needs at least one token")
         device = next(self.model.parameters()).device

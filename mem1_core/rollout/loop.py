@@ -62,10 +62,14 @@ def rollout(
     `samples_per_task` per task (a GRPO group), in task order."""
     memory = memory or cfg.memory
     context_of = get_memory(memory)
-    opts = {"state_start": env.codec.state_start, "truncate_turns": cfg.truncate_turns}
+    opts = {
+        "state_start": env.codec.state_start,
+        "state_span": env.codec.state_span,
+        "truncate_turns": cfg.truncate_turns,
+    }
     trajs: list[Trajectory] = []
     for g, task in enumerate(tasks):
-        prompt_ids = env.encode(task.prompt)
+        prompt_ids = env.encode_prompt(task.prompt)
         for s in range(samples_per_task):
             trajs.append(
                 Trajectory(

@@ -10,17 +10,24 @@ One signature, four policies over the same rollout, trainer and evaluation (docs
   issue 17). Its contexts are MEM1's; the difference is in the environment step.
 
 MEM1 carries an exact slice of the last turn's generated ids, from its `<IS>` tag to the end
-of the turn (anything the model wrote before `<IS>` is dropped). A turn that has no `<IS>` is
-carried whole, so the model sees its own malformed output next to the format hint. Where
-`<IS>` starts is the tag codec's answer (`opts["state_start"]`, mem1_core.models.tags): with
-tags as text the slice starts at the token holding its `<`, whatever that token carries before.
+of the turn. Where `<IS>` starts is the tag codec's answer (`opts["state_start"]`,
+mem1_core.models.tags): with tags as text the slice starts at the token holding its `<`,
+whatever that token carries before.
+
+After an invalid turn MEM1 keeps only a memory, never the malformed action: that turn's
+closed `<IS> … </IS>` if it wrote one (`opts["state_span"]`), else the state the agent last
+wrote closed (an earlier turn's, re-read), else nothing; then the turn's `<info>`, which
+carries the format hint. Carrying the whole invalid turn (as before issue 26) let a
+pretrained model's 100-token ramble, or a parroted hint, fill the next context, and the model
+then continued it. The full-context and truncate agents keep invalid turns whole: their
+context is the history as it happened.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from mem1_core.trajectory.record import SegmentKind, SegmentRef, Trajectory
+from mem1_core.trajectory.record import Action, SegmentKind, SegmentRef, Trajectory
 
 MemoryPolicy = Callable[[Trajectory, dict], list[SegmentRef]]
 
@@ -34,8 +41,20 @@ def mem1_context(traj: Trajectory, opts: dict) -> list[SegmentRef]:
     if not traj.turns:
         return ctx
     t = len(traj.turns) - 1
-    start = opts["state_start"](traj.turns[t].gen_ids)
-    return ctx + [SegmentRef(SegmentKind.GEN, t, start, None), SegmentRef(SegmentKind.INFO, t)]
+    if traj.turns[t].action is not Action.INVALID:
+        start = opts["state_start"](traj.turns[t].gen_ids)
+        return ctx + [SegmentRef(SegmentKind.GEN, t, start, None), SegmentRef(SegmentKind.INFO, t)]
+    state = _last_state(traj, t, opts)
+    return ctx + ([state] if state else []) + [SegmentRef(SegmentKind.INFO, t)]
+
+
+def _last_state(traj: Trajectory, t: int, opts: dict) -> SegmentRef | None:
+    """The newest closed `<IS> … </IS>` written at or before turn t, as a slice of its turn."""
+    for k in range(t, -1, -1):
+        span = opts["state_span"](traj.turns[k].gen_ids)
+        if span is not None:
+            return SegmentRef(SegmentKind.GEN, k, span[0], span[1])
+    return None
 
 
 def full_context(traj: Trajectory, opts: dict) -> list[SegmentRef]:

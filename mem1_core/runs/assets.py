@@ -120,6 +120,8 @@ def load_tasks(cfg: Config, paths: RunPaths, split: str, n: int) -> list[Task]:
 def ensure_tokenizer(cfg: Config, paths: RunPaths):
     """The run's tokenizer: a hub model's; else the base's (`model.base`: one tokenizer for
     every run and world); else the tiny tokenizer trained on the world corpus and prompts."""
+    if (paths.tokenizer / ADOPTED).is_file():  # a policy's own: the profile's model yields
+        return load_tokenizer(paths.tokenizer)
     if cfg.model.name_or_path is not None:
         return load_tokenizer(cfg.model.name_or_path)
     if cfg.model.base is not None:
@@ -141,14 +143,22 @@ def ensure_tokenizer(cfg: Config, paths: RunPaths):
     return load_tokenizer(paths.tokenizer)
 
 
+ADOPTED = "mem1-adopted-from"
+"""A file in the run's tokenizer directory naming the policy it was copied from: that run
+reads with the policy's tokenizer under any profile (the profile's base yields to it)."""
+
+
 def adopt_init_tokenizer(cfg: Config, paths: RunPaths, init: Path | None) -> None:
     """A trained policy brings its tokenizer: a run that starts from it must tokenise with
-    the same one. The run's tokenizer is copied from `init` if it has none yet; a different
-    one is an error (a model read through another tokenizer's ids is silently garbage: the
-    tiny tokenizer is retrained per run directory, and its training data can change between
-    versions)."""
-    if init is None or cfg.model.name_or_path is not None or not (init / "tokenizer.json").exists():
+    the same one, under any profile. The run's tokenizer is copied from `init` if it has none
+    yet; a different one is an error (a model read through another tokenizer's ids is silently
+    garbage: the tiny tokenizer is retrained per run directory, and its training data can
+    change between versions)."""
+    if init is None or not (init / "tokenizer.json").exists():
         return
+    from mem1_core.models.base import resolve_base
+
+    is_base = cfg.model.base is not None and resolve_base(cfg.model.base) == Path(init).resolve()
     theirs = load_tokenizer(init)
     if (paths.tokenizer / "tokenizer.json").exists():
         if load_tokenizer(paths.tokenizer).get_vocab() != theirs.get_vocab():
@@ -161,6 +171,8 @@ def adopt_init_tokenizer(cfg: Config, paths: RunPaths, init: Path | None) -> Non
 
     with atomic_dir(paths.tokenizer) as tmp:
         theirs.save_pretrained(tmp)
+        if not is_base:
+            (tmp / ADOPTED).write_text(f"{init}\n")
 
 
 def index_options(cfg: Config) -> dict:
@@ -208,7 +220,12 @@ def make_retriever(cfg: Config, paths: RunPaths) -> Retriever:
 
 
 def make_env(cfg: Config, paths: RunPaths, tokenizer, retriever: Retriever | None = None):
-    return QAEnvironment(tokenizer, retriever or make_retriever(cfg, paths), cfg.retrieval.topk)
+    return QAEnvironment(
+        tokenizer,
+        retriever or make_retriever(cfg, paths),
+        cfg.retrieval.topk,
+        chat_template=cfg.rollout.chat_template,
+    )
 
 
 def initial_policy(cfg: Config, tokenizer):

@@ -6,7 +6,8 @@ iterations (0..K-1); a resumed run continues with iteration K:
     policy/          save_pretrained (safetensors) + the tokenizer, loadable on its own
     critic/          the critic (mem1_core.rl.critic), if the run has one
     optimizer.pt     torch.save of every optimiser's state_dict (an FSDP learner's: the
-                     full one, keyed by parameter name; mem1_core.training.fsdp_learner)
+                     full one, keyed by parameter name; mem1_core.training.fsdp_learner);
+                     only in the newest checkpoint (`drop_optimizer`)
     rng.pt           torch (CPU and CUDA), Python and NumPy RNG states
     config.json      the run's Config
     state.json       iteration counter, elapsed time, counters the loop carries on
@@ -249,9 +250,33 @@ def save_checkpoint(
         write_json(cfg, tmp / "config.json")
         write_json(asdict(state), tmp / STATE_FILE)
         write_manifest(tmp)  # last: it covers every file above
-    for old in list_checkpoints(root)[:-keep]:
+    kept = list_checkpoints(root)
+    for old in kept[:-keep]:
         shutil.rmtree(old)
+    for older in kept[-keep:-1]:
+        drop_optimizer(older)
     return out
+
+
+def drop_optimizer(ckpt: Path) -> None:
+    """Remove an older checkpoint's optimiser state (and re-seal its manifest).
+
+    Why: AdamW keeps two float32 moments per parameter, so at 135M parameters the optimiser
+    state is 2.1 GB of a 3.1 GB checkpoint; three kept whole took ~9 GB. Only the newest
+    checkpoint is ever resumed with its optimiser; an older one still holds the weights (an
+    evaluation's input, or a resume after the newest is found corrupt, which then restarts the
+    optimiser with a warning)."""
+    opt = ckpt / "optimizer.pt"
+    if not opt.is_file():
+        return
+    # The manifest first (atomically), then the file: a kill in between leaves a file the
+    # manifest does not list, which no check reads, never a listed file that is missing.
+    manifest = ckpt / MANIFEST_FILE
+    if manifest.is_file():
+        record = json.loads(manifest.read_text())
+        record["files"].pop(opt.name, None)
+        write_json(record, manifest)
+    opt.unlink()
 
 
 def _save_critic_state(critic: Critic, state: dict[str, torch.Tensor], out: Path) -> None:
@@ -306,7 +331,16 @@ def load_checkpoint(
         if not (path / "critic").is_dir():
             raise FileNotFoundError(f"{path} has no critic/, but this run trains one")
         _load_weights(critic, Critic.load(path / "critic"))
-    if optimizers:
+    if optimizers and not (path / "optimizer.pt").is_file():
+        # an older checkpoint (drop_optimizer): the weights resume, the moments start afresh
+        log.warning(
+            "%s holds no optimiser state (only the newest checkpoint keeps it): resuming its "
+            "weights with fresh optimiser moments",
+            path,
+        )
+        for opt in optimizers.values():
+            opt.state.clear()
+    elif optimizers:
         saved = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
         missing = set(optimizers) - set(saved)
         if missing:

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from mem1_core.models.model import enable_gradient_checkpointing, save_model
+from mem1_core.models.model import compute_context, enable_gradient_checkpointing, save_model
 from mem1_core.rollout.loop import Task, rollout
 from mem1_core.rollout.teacher import ScriptedTeacher
 from mem1_core.runs import atomic
@@ -191,15 +191,16 @@ def train_on_trajectories(
         warm = min(warmup_steps / max(max_steps, 1), 0.2) if max_steps < 10**5 else 0.05
         for g in opt.param_groups:
             g["lr"] = lr_at(progress_frac, warm, lr) if step >= 1 else lr * 0.02
-        loss, n = sft_loss(
-            model,
-            [trees[i] for i in idx],
-            pad_id,
-            attn,
-            context_weight=context_weight,
-            context_rows=[ctx_flags[i] for i in idx] if ctx_flags else None,
-            seq_bucket=seq_bucket,
-        )
+        with compute_context(model):
+            loss, n = sft_loss(
+                model,
+                [trees[i] for i in idx],
+                pad_id,
+                attn,
+                context_weight=context_weight,
+                context_rows=[ctx_flags[i] for i in idx] if ctx_flags else None,
+                seq_bucket=seq_bucket,
+            )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
@@ -310,9 +311,11 @@ def train_sft(
         )
     write_trajectories(trajs, out / "teacher_trajectories.parquet")
     model = load_model(init, cfg.model, tok) if init else initial_policy(cfg, tok)
-    eval_tasks = load_tasks(cfg, paths, "test", ns[-1])[:32]
+    eval_tasks = load_tasks(cfg, paths, "test", ns[-1])[: cfg.sft.eval_tasks]
 
     def eval_fn() -> dict:
+        if not eval_tasks:  # sft.eval_tasks=0: evaluations off
+            return {"eval_reward": None, "eval_format_error_rate": None}
         m = evaluate_policy(model, tok, env, eval_tasks, cfg.rollout, memory=memory)
         return {"eval_reward": m["em_frac"], "eval_format_error_rate": m["format_error_rate"]}
 
@@ -334,8 +337,8 @@ def train_sft(
         if steps is not None
         else (cfg.sft.warm_start_steps if warm_start else cfg.sft.steps),
         **step_options(cfg),
-        eval_fn=eval_fn,
-        eval_every_minutes=max(0.5, minutes / 4),  # four points on the held-out curve
+        eval_fn=eval_fn if eval_tasks and cfg.sft.evals else None,
+        eval_every_minutes=max(0.5, minutes / max(cfg.sft.evals, 1)),
         log=log,
         progress=progress,
         context_weight=cfg.sft.warm_start_context_weight if warm_start else 0.0,

@@ -149,6 +149,14 @@ class Progress:
                 record["train/skipped_steps"],
                 record["train/nonfinite_total"],
             )
+        if record.get("no_signal"):  # the learner sees it only as zero advantages
+            log.warning(
+                "iteration %d: every trajectory earned reward %.3f: no learning signal (the "
+                "policy never answers right, or always does; a warm start that teaches the "
+                "format, or harder/easier tasks, gives PPO something to compare)",
+                record["iteration"],
+                record["reward"],
+            )
         self.bar.update(1)
         self.bar.set_postfix(
             reward=f"{record['reward']:.3f}",
@@ -160,6 +168,7 @@ class Progress:
             reward=round(record["reward"], 3),
             kl=round(record["kl"], 4),
             **({"held_out": round(record["eval/reward"], 3)} if "eval/reward" in record else {}),
+            **({"signal": "NONE (all rewards equal)"} if record.get("no_signal") else {}),
         )
 
     def close(self) -> None:
@@ -197,10 +206,14 @@ def iteration_record(
     `seconds` the iteration's wall time; `rollout_seconds` what of it the iteration waited
     for its rollout; `rollout_busy_seconds` the rollout's own time (the longest worker share;
     under overlap mostly hidden behind the update before); `train/update_seconds` the
-    learner's. `rollout_staleness`: updates between the sampling weights and the learner's."""
+    learner's. `rollout_staleness`: updates between the sampling weights and the learner's.
+    `no_signal`: 1 when every trajectory earned the same reward (all 0, say), so the reward
+    says nothing about which actions to prefer; `no_signal_groups`: the fraction of tasks
+    whose samples all earned the same reward (a grouped estimator's advantages are 0 there)."""
     return {
         "iteration": it,
         **training_summary(trajs),
+        **reward_signal(trajs),
         **{f"train/{k}": v for k, v in stats.items()},
         "kl": stats.get("kl_ref", 0.0),
         "rollout_staleness": staleness,
@@ -209,6 +222,18 @@ def iteration_record(
         "rollout_busy_seconds": rollout.busy_seconds,
         "elapsed_seconds": elapsed_seconds,
         "tokens_per_s": stats["gen_tokens"] / seconds,
+    }
+
+
+def reward_signal(trajs: list[Trajectory]) -> dict[str, float]:
+    """Whether an iteration's rewards can teach anything (iteration_record's `no_signal*`)."""
+    groups: dict[int, set[float]] = {}
+    for t in trajs:
+        groups.setdefault(t.group, set()).add(t.reward)
+    flat = sum(len(r) == 1 for r in groups.values()) / max(len(groups), 1)
+    return {
+        "no_signal": int(len({t.reward for t in trajs}) <= 1),
+        "no_signal_groups": flat,
     }
 
 

@@ -282,6 +282,25 @@ def token_logprobs(
     return forward_tree(model, batch, attn, temperature=temperature, positions=every).logprobs
 
 
+FP32_PER_LAYER = 1.5e-6
+BF16_PER_LAYER = 0.015
+
+
+def logprob_tolerance(num_layers: int, autocast: str | None = None) -> float:
+    """How far two exact computations of one generated token's log-prob (the flattened tree,
+    re-running the turn alone, the rollout's KV-cached decoding) may differ: float rounding,
+    which sums over the layers, so the bound grows with depth.
+
+    Measured (max |delta log-prob| over every generated token): float32, 2 layers (the tiny
+    models of the tests) below 1e-5; float32, SmolLM2's 30 layers, 1.4-2.5e-5 for sdpa and
+    eager (README, "A real LLM"). Under bf16 autocast (8-bit mantissa) the same 30 layers give
+    0.13-0.24: -> 5e-6 + 1.5e-6 per layer in float32 (5e-5 at 30), 0.015 per layer under bf16
+    (0.45 at 30). A structural error (a token seeing a wrong context) is of order 1 or more."""
+    if autocast is None:
+        return 5e-6 + FP32_PER_LAYER * num_layers
+    return BF16_PER_LAYER * num_layers
+
+
 @torch.no_grad()
 def per_turn_logprobs(
     model: nn.Module,

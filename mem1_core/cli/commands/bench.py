@@ -37,6 +37,11 @@ _TRAJECTORY_FLAGS: dict[str, tuple[type, str]] = {
     "gen_len": (int, "mean generated tokens per turn"),
     "info_len": (int, "mean info block tokens"),
     "jitter": (float, "lengths drawn in mean * [1 - jitter, 1 + jitter]"),
+    "model": (
+        str,
+        "a pretrained model instead of the tiny one: hub name, directory, .gguf, or "
+        "smollm2-135m-instruct",
+    ),
     "vocab_size": (int, "tiny Qwen2 vocabulary"),
     "hidden_size": (int, "tiny Qwen2 hidden size"),
     "num_layers": (int, "tiny Qwen2 layers"),
