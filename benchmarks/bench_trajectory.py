@@ -108,13 +108,13 @@ def tiny_qwen2(cfg: TrajectoryBenchConfig, attn: str = "sdpa") -> nn.Module:
     return Qwen2ForCausalLM._from_config(copy.deepcopy(config), attn_implementation=attn).eval()
 
 
-def synthetic_trajectories(cfg: TrajectoryBenchConfig, policy: str, turns: int) -> list[Paths]:
+def synthetic_trajectories(cfg: TrajectoryBenchConfig, memory: str, turns: int) -> list[Paths]:
     """cfg.trajectories trajectories of `turns` turns under a memory policy; the last token
     id (vocab_size - 1) is left for padding."""
-    rng = random.Random(f"{cfg.seed}-{policy}-{turns}")
+    rng = random.Random(f"{cfg.seed}-{memory}-{turns}")
     lens = (cfg.prompt_len, cfg.gen_len, cfg.info_len)
     return common_trajectories(
-        rng, policy, cfg.trajectories, turns, lens, cfg.vocab_size - 1, cfg.jitter
+        rng, memory, cfg.trajectories, turns, lens, cfg.vocab_size - 1, cfg.jitter
     )
 
 
@@ -217,11 +217,11 @@ def bench_one(
     cfg: TrajectoryBenchConfig,
     model: nn.Module,
     flex_model: nn.Module | None,
-    policy: str,
+    memory: str,
     turns: int,
 ) -> dict:
-    """Measure one (policy, turns) cell; returns the JSON-able row."""
-    trajs = synthetic_trajectories(cfg, policy, turns)
+    """Measure one (memory, turns) cell; returns the JSON-able row."""
+    trajs = synthetic_trajectories(cfg, memory, turns)
     pad_id = cfg.vocab_size - 1
     # L padded to the flex block size: fewer distinct shapes to compile, whole blocks.
     batch = collate([flatten(p) for p in trajs], pad_id=pad_id, pad_to_multiple=128)
@@ -252,7 +252,7 @@ def bench_one(
     times = _best_times(timed, cfg.repeats, cfg.clock)
     flat_tokens, turn_tokens = int(batch.seq_lens.sum()), sum(len(s) for s in seqs)
     row = {
-        "policy": policy,
+        "memory": memory,
         "turns": turns,
         "trajectories": cfg.trajectories,
         "max_abs_dlogp": gap,
@@ -291,7 +291,7 @@ def _per_turn_slots(lengths: list[int], rows: int) -> int:
 def run_trajectory_bench(
     cfg: TrajectoryBenchConfig, emit: Callable[[dict], None] = lambda row: None
 ) -> list[dict]:
-    """All (policy, turns) cells, in order; `emit` sees each row as soon as it is measured."""
+    """All (memory, turns) cells, in order; `emit` sees each row as soon as it is measured."""
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     model = tiny_qwen2(cfg, "sdpa")
@@ -300,9 +300,9 @@ def run_trajectory_bench(
         flex_model = tiny_qwen2(cfg, "flex_attention")
         flex_model.load_state_dict(model.state_dict())
     rows = []
-    for policy in cfg.memories:
+    for memory in cfg.memories:
         for turns in cfg.turns:
-            row = bench_one(cfg, model, flex_model, policy, turns)
+            row = bench_one(cfg, model, flex_model, memory, turns)
             emit(row)
             rows.append(row)
     return rows

@@ -130,7 +130,7 @@ def run(c: Check) -> None:
             "check": "train_step",
             "device": device,
             "dtype": dtype,
-            "policy": "mem1",
+            "memory": "mem1",
             "turns": 8,
             "trajectories": s.step_trajectories,
             "flat_len": batch.input_ids.shape[1],

@@ -56,12 +56,15 @@ _MANY = {"turns", "memories"}
 
 
 class _Renamed(argparse.Action):
-    """An option's old name: still read, with a deprecation message, for one release."""
+    """An option's old name (mem1_core.deprecated): still read, with a message on stderr."""
 
     def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001
-        new = "--" + self.dest.replace("_", "-")
+        from mem1_core.deprecated import MEMORY_RENAMES, REMOVED_IN
+
+        new = MEMORY_RENAMES[option_string]
         print(
-            f"{option_string} is now {new}; the old name goes in the next release", file=sys.stderr
+            f"{option_string} is now {new}; the old name is read until {REMOVED_IN}",
+            file=sys.stderr,
         )
         setattr(namespace, self.dest, values)
 
