@@ -20,46 +20,46 @@ Emit = Callable[[dict], None]
 fails)."""
 
 
+TINY = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
+"""The CPU's model: the tiny profile's shape, halved."""
+
+
 @dataclass(frozen=True)
 class Sizes:
-    """What each section runs on (chosen by device and --quick)."""
+    """What each section runs on. The defaults are the CPU's; sizes_for picks by device and
+    --quick."""
 
-    vocab: int
-    exact_model: ModelConfig
-    exact_trajectories: int
-    exact_turns: int
-    step_model: ModelConfig
-    step_trajectories: int
-    prompt_len: int
-    gen_len: int
-    info_len: int
-    repeats: int
-    ppo_overrides: tuple[str, ...]
-    stop_rows: int
-    stop_tokens: int
+    vocab: int = 512
+    """Vocabulary of the models from config (the last two ids: pad, eos)."""
+    exact_model: ModelConfig = TINY
+    """exactness: the model, its trajectories (MEM1; half as many full-context) and turns."""
+    exact_trajectories: int = 2
+    exact_turns: int = 3
+    step_model: ModelConfig = TINY
+    """train_step: the model and the trajectories of its batch (8 turns each)."""
+    step_trajectories: int = 2
+    prompt_len: int = 60
+    """Mean segment lengths: prompt, generated turn, info block (exactness takes a quarter)."""
+    gen_len: int = 12
+    info_len: int = 30
+    repeats: int = 3
+    """train_step: timed steps per variant, after a warm-up (the best is reported)."""
+    ppo_overrides: tuple[str, ...] = (
+        "ppo.iterations=2",
+        "ppo.tasks_per_iteration=8",
+        "rollout.batch_size=8",
+        "rollout.gen_tokens_base=16",
+    )
+    """ppo: config overrides on the smoke profile (and vllm_deployment's)."""
+    stop_rows: int = 8
+    """text_stops: rows of the batch that times the per-token stop check."""
+    stop_tokens: int = 32
+    """text_stops: tokens generated per row there."""
 
 
 def sizes_for(device: str, quick: bool) -> Sizes:
-    tiny = ModelConfig(
-        hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128
-    )
-    small_ppo = ("ppo.iterations=2", "ppo.tasks_per_iteration=8", "rollout.batch_size=8")
     if device == "cpu":
-        return Sizes(
-            vocab=512,
-            exact_model=tiny,
-            exact_trajectories=2,
-            exact_turns=3,
-            step_model=tiny,
-            step_trajectories=2,
-            prompt_len=60,
-            gen_len=12,
-            info_len=30,
-            repeats=2 if quick else 3,
-            ppo_overrides=small_ppo + ("rollout.gen_tokens_base=16",),
-            stop_rows=8,
-            stop_tokens=32,
-        )
+        return Sizes(repeats=2 if quick else 3)
     # CUDA: head_dim 64 and sizes large enough that kernels, not launches, dominate.
     small = ModelConfig(
         hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=4, intermediate_size=1536
@@ -94,7 +94,6 @@ def sizes_for(device: str, quick: bool) -> Sizes:
         prompt_len=400,
         gen_len=200,
         info_len=300,
-        repeats=3,
         ppo_overrides=("ppo.iterations=2", *ppo[1:]) if quick else ppo,
         stop_rows=64,
         stop_tokens=256,
