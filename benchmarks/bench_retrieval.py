@@ -24,6 +24,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout
+
+from benchmarks.common import free_port, retriever_command, wait_for_retriever  # noqa: E402
 from mem1_core.retrieval import Retriever, build_index, load_index, read_manifest
 from mem1_core.retrieval import bm25 as bm25_module
 from mem1_core.retrieval.bm25 import BM25Retriever, document_texts, tokenize, top_k
@@ -193,37 +196,16 @@ def load_run(
     }
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def bench_server(index_dir: Path, queries: list[str], args) -> dict[str, Any]:
     """Queries per second through POST /retrieve of `mem1 serve-retriever` (its own
     process, as deployed) with concurrent clients on loopback: one query per request (an
     agent turn) and batched requests (a rollout worker)."""
     import subprocess
 
-    import httpx
-
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "mem1_core.cli.main", "serve-retriever", "--index", str(index_dir)]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-    server = subprocess.Popen(cmd)
+    server = subprocess.Popen(retriever_command(index_dir, port, "--log-level", "warning"))
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(f"{url}/health", timeout=1).raise_for_status()
-                break
-            except httpx.HTTPError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("retrieval server did not start") from None
-                time.sleep(0.2)
+        url = wait_for_retriever(port, server, timeout=60)
         return {
             f"{n}_per_request": load_run(
                 url, queries, n, args.server_clients, args.server_seconds, args.server_requests

@@ -29,51 +29,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from benchmarks.common import MEMORY_WINDOWS, Paths
+from benchmarks.common import synthetic_trajectories as common_trajectories
 from mem1_core.trajectory.logprobs import (
     forward_tree,
     per_turn_logprobs,
     shared_prefix_plan,
     tree_attention_mask,
 )
-from mem1_core.trajectory.tree import FlatBatch, Segment, collate, flatten
-
-Paths = list[list[Segment]]
-
-
-def mem1_paths(prompt: list[int], gens: list[list[int]], infos: list[list[int]]) -> Paths:
-    """MEM1: turn t reads the prompt, its last generation (re-read) and the last info."""
-    return _window_paths(prompt, gens, infos, window=1)
-
-
-def full_paths(prompt: list[int], gens: list[list[int]], infos: list[list[int]]) -> Paths:
-    """Full context: turn t reads the whole history (the tree is one chain)."""
-    return _window_paths(prompt, gens, infos, window=len(gens))
-
-
-def truncate_paths(
-    prompt: list[int], gens: list[list[int]], infos: list[list[int]], k: int = 2
-) -> Paths:
-    """Truncate: turn t reads the prompt and the last k turns."""
-    return _window_paths(prompt, gens, infos, window=k)
-
-
-def _window_paths(prompt, gens, infos, window: int) -> Paths:
-    paths = []
-    for t in range(len(gens)):
-        ctx = [Segment(("prompt",), tuple(prompt), False)]
-        for s in range(max(t - window, 0), t):
-            ctx.append(Segment(("gen", s), tuple(gens[s]), False))
-            ctx.append(Segment(("info", s), tuple(infos[s]), False))
-        paths.append([*ctx, Segment(("gen", t), tuple(gens[t]), True)])
-    return paths
-
-
-POLICIES: dict[str, Callable[[list[int], list[list[int]], list[list[int]]], Paths]] = {
-    "mem1": mem1_paths,
-    "full": full_paths,
-    "truncate": truncate_paths,
-}
-
+from mem1_core.trajectory.tree import FlatBatch, collate, flatten
 
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 
@@ -85,7 +49,7 @@ class TrajectoryBenchConfig:
     turns: tuple[int, ...] = (2, 4, 8, 16)
     """Numbers of turns T to measure."""
     memories: tuple[str, ...] = ("mem1", "full")
-    """Memory policies (keys of POLICIES)."""
+    """Memory policies (keys of benchmarks.common.MEMORY_WINDOWS)."""
     trajectories: int = 4
     """Trajectories per batch B (also the rows per micro-batch of the per-turn baseline)."""
     prompt_len: int = 250
@@ -119,9 +83,10 @@ class TrajectoryBenchConfig:
     with other jobs is not counted; meaningful with threads=1, where it is one thread's)."""
 
     def __post_init__(self) -> None:
-        unknown = set(self.memories) - POLICIES.keys()
+        unknown = set(self.memories) - MEMORY_WINDOWS.keys()
         if unknown:
-            raise ValueError(f"unknown memories {sorted(unknown)}; choose from {sorted(POLICIES)}")
+            choices = sorted(MEMORY_WINDOWS)
+            raise ValueError(f"unknown memories {sorted(unknown)}; choose from {choices}")
         if min(self.turns, default=0) < 1 or self.trajectories < 1 or self.repeats < 1:
             raise ValueError("turns, trajectories and repeats must all be >= 1")
         if min(self.prompt_len, self.gen_len, self.info_len) < 1 or not 0 <= self.jitter < 1:
@@ -157,20 +122,14 @@ def pretrained(name_or_path: str, attn: str) -> nn.Module:
     return load_model(name_or_path, ModelConfig(name_or_path=name_or_path, attn=attn))
 
 
-def synthetic_trajectories(cfg: TrajectoryBenchConfig, policy: str, turns: int) -> list[Paths]:
-    rng = random.Random(f"{cfg.seed}-{policy}-{turns}")
-
-    def ids(mean: int) -> list[int]:
-        n = rng.randint(round(mean * (1 - cfg.jitter)), round(mean * (1 + cfg.jitter)))
-        return [rng.randrange(cfg.vocab_size - 1) for _ in range(max(n, 1))]
-
-    out = []
-    for _ in range(cfg.trajectories):
-        prompt = ids(cfg.prompt_len)
-        gens = [ids(cfg.gen_len) for _ in range(turns)]
-        infos = [ids(cfg.info_len) for _ in range(turns)]
-        out.append(POLICIES[policy](prompt, gens, infos))
-    return out
+def synthetic_trajectories(cfg: TrajectoryBenchConfig, memory: str, turns: int) -> list[Paths]:
+    """cfg.trajectories trajectories of `turns` turns under a memory policy; the last token
+    id (vocab_size - 1) is left for padding."""
+    rng = random.Random(f"{cfg.seed}-{memory}-{turns}")
+    lens = (cfg.prompt_len, cfg.gen_len, cfg.info_len)
+    return common_trajectories(
+        rng, memory, cfg.trajectories, turns, lens, cfg.vocab_size - 1, cfg.jitter
+    )
 
 
 def per_turn_batched_logprobs(
@@ -272,11 +231,11 @@ def bench_one(
     cfg: TrajectoryBenchConfig,
     model: nn.Module,
     flex_model: nn.Module | None,
-    policy: str,
+    memory: str,
     turns: int,
 ) -> dict:
-    """Measure one (policy, turns) cell; returns the JSON-able row."""
-    trajs = synthetic_trajectories(cfg, policy, turns)
+    """Measure one (memory, turns) cell; returns the JSON-able row."""
+    trajs = synthetic_trajectories(cfg, memory, turns)
     pad_id = cfg.vocab_size - 1
     # L padded to the flex block size: fewer distinct shapes to compile, whole blocks.
     batch = collate([flatten(p) for p in trajs], pad_id=pad_id, pad_to_multiple=128)
@@ -307,7 +266,7 @@ def bench_one(
     times = _best_times(timed, cfg.repeats, cfg.clock)
     flat_tokens, turn_tokens = int(batch.seq_lens.sum()), sum(len(s) for s in seqs)
     row = {
-        "policy": policy,
+        "memory": memory,
         "turns": turns,
         "trajectories": cfg.trajectories,
         "max_abs_dlogp": gap,
@@ -346,7 +305,7 @@ def _per_turn_slots(lengths: list[int], rows: int) -> int:
 def run_trajectory_bench(
     cfg: TrajectoryBenchConfig, emit: Callable[[dict], None] = lambda row: None
 ) -> list[dict]:
-    """All (policy, turns) cells, in order; `emit` sees each row as soon as it is measured."""
+    """All (memory, turns) cells, in order; `emit` sees each row as soon as it is measured."""
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     if cfg.model is not None:
@@ -363,9 +322,9 @@ def run_trajectory_bench(
         )
         flex_model.load_state_dict(model.state_dict())
     rows = []
-    for policy in cfg.memories:
+    for memory in cfg.memories:
         for turns in cfg.turns:
-            row = bench_one(cfg, model, flex_model, policy, turns)
+            row = bench_one(cfg, model, flex_model, memory, turns)
             emit(row)
             rows.append(row)
     return rows

@@ -15,8 +15,9 @@ injects its fault at a moment it watches for (a process title, a file):
   retriever_down       the same server killed and left down past retrieval.outage_seconds
   checkpoint_truncated the newest checkpoint's weights cut short on disk, then --resume
   checkpoint_bitflip   one byte of the newest checkpoint's optimiser state flipped, then --resume
-  disk_full            the run directory on a small tmpfs (needs root), filled up during
-                       the run, so that a checkpoint or Parquet write fails; freed, --resume
+  disk_full            the run directory on a small tmpfs (needs root), filled after its
+                       first checkpoint (the run paused meanwhile) to half a checkpoint's
+                       room, so that its next checkpoint or Parquet write fails; freed, --resume
   flow_cancel          the `train-ppo` flow, served by a Prefect runner, cancelled through the
                        API during PPO; every process it started must stop; rerun with resume
   launcher_sigterm     SIGTERM to `deployments/launch.py` running the smoke pipeline
@@ -30,6 +31,9 @@ iterations missing from, or repeated in, metrics.jsonl and trajectories/.
 `seconds_to_recover`: from the fault until the run had again finished the iteration it
 was in (through the resume, where there is one). The Prefect faults need a server:
 PREFECT_API_URL, or one this script starts on a free port and stops.
+
+Stopped by SIGTERM, SIGINT (Ctrl-C) or SIGHUP, the script stops every process it started
+(training runs, servers, runners, the launcher) and unmounts its tmpfs, then exits 130.
 """
 
 from __future__ import annotations
@@ -39,7 +43,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,10 +53,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout
 
-from deployments.processes import alive, descendants  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    ROOT,
+    PrefectServer,
+    free_port,
+    retriever_command,
+    wait_for_retriever,
+    wait_until,
+)
+from benchmarks.serve_ppo_stage import DEPLOYMENT_NAME  # noqa: E402
+from deployments.processes import (  # noqa: E402
+    alive,
+    descendants,
+    stop_process_tree,
+    stop_processes,
+)
 
 PY = sys.executable
 ITERATIONS = 4
@@ -111,24 +127,6 @@ def find_process(root_pid: int, prefix: str) -> int | None:
         if title(pid).startswith(prefix) and alive(pid):
             return pid
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(what: str, check: Callable[[], Any], timeout: float, proc=None) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        if value := check():
-            return value
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"waiting for {what}: the process exited ({proc.returncode})")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no {what} within {timeout:.0f} s")
-        time.sleep(0.05)
 
 
 # ---- one training run ------------------------------------------------------------------------
@@ -248,13 +246,10 @@ class Train:
             raise
 
     def kill(self) -> None:
+        """SIGKILL the run and every process under it, and wait until all are gone (their
+        open files may hold a mount busy)."""
         if self.proc is not None and self.proc.poll() is None:
-            tree = [self.proc.pid, *descendants(self.proc.pid)]
-            for pid in tree:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            stop_processes([self.proc.pid, *descendants(self.proc.pid)], grace=0)
             self.proc.wait()
 
     def error_line(self) -> str:
@@ -274,6 +269,20 @@ class Train:
             self.ray_retries += 1
             say(f"{self.out.name}: Ray did not start; resuming again")
         return rc
+
+
+def run_to_exit(cmd: list[str], log: Path, timeout: float) -> int:
+    """Run `cmd` in the checkout, its output appended to `log`; -> its exit status. On a
+    timeout it and its tree are stopped. Unlike subprocess.run, an interruption leaves the
+    tree whole for Harness.close to stop: run's SIGKILL of the child alone orphans its own
+    children (the SFT warm start's, the launcher's worker)."""
+    with open(log, "ab") as sink:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop_processes([proc.pid, *descendants(proc.pid)])
+        raise
 
 
 def result(
@@ -300,12 +309,89 @@ def result(
 # ---- the faults ------------------------------------------------------------------------------
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+TMPFS_SIZE = "256m"
+"""disk_full's small disk: a few smoke checkpoints."""
+
+
+def _interrupt(signum: int, _frame: Any) -> None:
+    # A second signal must not cut the clean-up short (launch.py does the same).
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+class Harness:
+    """What this script holds beyond one fault: the Prefect server the Prefect faults share
+    and disk_full's tmpfs, made once, on demand. `close` stops every process still under
+    this one (each in its process group: the server and the runners have sessions of their
+    own), then the server, then unmounts the tmpfs; main calls it however it ends, SIGTERM,
+    SIGINT and SIGHUP included."""
+
+    def __init__(self, work: Path):
+        self.work = work
+        self.server: PrefectServer | None = None
+        self.mount_point = work / "tmpfs"
+        self.mounted = False
+        self.mount_error = ""
+
+    def prefect_server(self) -> PrefectServer:
+        """The server at PREFECT_API_URL, or one started here (before prefect is imported:
+        it reads PREFECT_API_URL once)."""
+        if self.server is None:
+            self.server = PrefectServer(self.work, env()).__enter__()
+            say(f"Prefect server at {self.server.api}")
+        return self.server
+
+    def tmpfs(self) -> Path | None:
+        """A TMPFS_SIZE tmpfs mounted at work/tmpfs (needs root), or None (`mount_error`
+        says why). One a killed run left there is unmounted first."""
+        if not self.mounted and not self.mount_error:
+            self.mount_point.mkdir(exist_ok=True)
+            if os.path.ismount(self.mount_point):
+                _umount(self.mount_point)
+            done = subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE}", "tmpfs", str(self.mount_point)],
+                capture_output=True, text=True,
+            )  # fmt: skip
+            self.mounted = done.returncode == 0
+            self.mount_error = "" if self.mounted else (done.stderr.strip() or "mount failed")
+            if self.mounted:
+                say(f"mounted a {TMPFS_SIZE} tmpfs at {self.mount_point}")
+            else:
+                say(f"no tmpfs at {self.mount_point}: {self.mount_error}")
+        return self.mount_point if self.mounted else None
+
+    def close(self) -> None:
+        left = [p for p in descendants(os.getpid()) if alive(p)]
+        if left:
+            say(f"stopping {len(left)} processes still running under this one")
+            stop_processes(left)
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+        if self.mounted:
+            _umount(self.mount_point)
+            self.mounted = False
+
+
+def _umount(point: Path) -> None:
+    """Unmount `point`, waiting out a moment of `target is busy` (a killed process's files
+    closing); lazily as a last resort, so the next run never finds it mounted."""
+    for _ in range(20):
+        if subprocess.run(["umount", str(point)], capture_output=True).returncode == 0:
+            return
+        time.sleep(0.25)
+    subprocess.run(["umount", "-l", str(point)], check=False)
+
+
 @dataclass
 class Context:
     work: Path
     init: Path
     template: Path
     """A run directory with the world, tasks, tokenizer and index built (copied per fault)."""
+    harness: Harness
 
     def run_dir(self, name: str) -> Path:
         out = self.work / name
@@ -359,23 +445,12 @@ class RetrievalServer:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> RetrievalServer:
-        cmd = [PY, "-m", "mem1_core.cli.main", "serve-retriever", "--index", str(self.index),
-               "--port", str(self.port), "--access-log", "--log-level", "info"]  # fmt: skip
+        cmd = retriever_command(self.index, self.port, "--access-log", "--log-level", "info")
         self.proc = subprocess.Popen(
             cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
         threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
-        url = f"http://127.0.0.1:{self.port}"
-
-        def up() -> bool:
-            import httpx
-
-            try:
-                return httpx.get(f"{url}/health", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_until("retrieval server", up, 300, self.proc)
+        wait_for_retriever(self.port, self.proc)
         return self
 
     def _read(self, proc: subprocess.Popen) -> None:
@@ -448,7 +523,11 @@ def _finished_run(ctx: Context) -> Path:
     """One run trained to the end, copied for each checkpoint fault."""
     if "run" not in _finished:
         out = ctx.run_dir("finished")
-        rc = Train(out, ctx.init).run_to_end()
+        run = Train(out, ctx.init)
+        try:
+            rc = run.run_to_end()
+        finally:
+            run.kill()
         if rc != 0:
             raise RuntimeError(f"the reference run failed ({rc}); see {out}.run.log")
         _finished["run"] = out
@@ -466,7 +545,10 @@ def _checkpoint_fault(ctx: Context, fault: str, damage: Callable[[Path], str]) -
     what = damage(newest)
     run = Train(out, ctx.init)
     recovery = Recovery(out, ITERATIONS - 1)
-    rc = run.resume_to_end()
+    try:
+        rc = run.resume_to_end()
+    finally:
+        run.kill()
     warned = [x for x in run.all_logs().splitlines() if "is corrupt" in x]
     aside = (newest.parent / f"{newest.name}.corrupt").is_dir()
     return result(fault, rc == 0 and bool(warned) and aside, out, recovery.seconds(),
@@ -494,20 +576,45 @@ def checkpoint_bitflip(ctx: Context) -> dict[str, Any]:
     return _checkpoint_fault(ctx, "checkpoint_bitflip", flip)
 
 
+def _fill(mount: Path, leave: int) -> int:
+    """Reserve all of `mount`'s free space but `leave` bytes in a ballast file (fallocate: no
+    write that could race another); -> the free bytes left. The run must be stopped."""
+    ballast = mount / "ballast"
+    size = max(shutil.disk_usage(mount).free - leave, 0)
+    with open(ballast, "wb") as f:
+        try:
+            os.posix_fallocate(f.fileno(), 0, size)
+        except OSError as e:  # what is there is all we can have; still a full disk
+            say(f"disk_full: the ballast got {ballast.stat().st_size} of {size} bytes ({e})")
+    return shutil.disk_usage(mount).free
+
+
+def _staged_bytes(checkpoints: Path) -> int:
+    """Bytes of a checkpoint being written now (its staging directory `.iter_*.tmp`)."""
+    return sum(
+        p.stat().st_size
+        for d in checkpoints.glob(".iter_*.tmp")
+        for p in d.rglob("*")
+        if p.is_file()
+    )
+
+
 def disk_full(ctx: Context) -> dict[str, Any]:
+    """The disk fills between two checkpoints. Deterministic: the run's whole process tree is
+    stopped (SIGSTOP) while the ballast takes all free space but half a checkpoint, less what
+    a checkpoint in progress already staged, so the run's next checkpoint (or an earlier
+    Parquet write) is what fails, never the harness's own write."""
     from mem1_core.runs.checkpoint import checkpoint_problems, list_checkpoints
 
-    mount = ctx.work / "tmpfs"
-    mount.mkdir(exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(mount)],
-                          capture_output=True, text=True)  # fmt: skip
-    if done.returncode != 0:
+    mount = ctx.harness.tmpfs()
+    if mount is None:
         return result("disk_full", False, None, None,
-                      f"not run: a tmpfs needs root ({done.stderr.strip()[:120]}); the CI test "
-                      "injects ENOSPC instead")  # fmt: skip
-    run = None
+                      f"not run: a tmpfs needs root ({ctx.harness.mount_error[:120]}); the CI "
+                      "test injects ENOSPC instead")  # fmt: skip
+    out, run = mount / "run", None
     try:
-        out = mount / "run"
+        shutil.rmtree(out, ignore_errors=True)
+        (mount / "ballast").unlink(missing_ok=True)
         shutil.copytree(ctx.template, out)
         run = Train(out, ctx.init, log_dir=ctx.work).start()  # logs off the full disk
         run.until_first_iteration()
@@ -518,19 +625,16 @@ def disk_full(ctx: Context) -> dict[str, Any]:
             for p in list_checkpoints(out / "checkpoints")[0].rglob("*")
             if p.is_file()
         )
-        at = len(metrics_iterations(out))
-        # leave half a checkpoint free: trajectories and metrics still fit, the next
-        # checkpoint does not
-        ballast = mount / "ballast"
-        free = shutil.disk_usage(mount).free
-        with open(ballast, "wb") as f:
-            f.truncate(0)
-            chunk = b"\0" * (1 << 20)
-            left = free - ckpt_bytes // 2
-            while left > 0:
-                f.write(chunk[: min(left, len(chunk))])
-                left -= len(chunk)
-        say(f"disk_full: {shutil.disk_usage(mount).free} bytes left, a checkpoint is {ckpt_bytes}")
+        tree = [run.proc.pid, *descendants(run.proc.pid)]
+        _signal_all(tree, signal.SIGSTOP)
+        try:
+            at = len(metrics_iterations(out))
+            staged = _staged_bytes(out / "checkpoints")
+            free = _fill(mount, max(ckpt_bytes // 2 - staged, 0))
+        finally:
+            _signal_all(tree, signal.SIGCONT)
+        say(f"disk_full: {free} bytes left in iteration {at}, a checkpoint is {ckpt_bytes} "
+            f"({staged} of the next staged)")  # fmt: skip
         recovery = Recovery(out, at)
         rc = run.wait()
         stop = run.error_line()
@@ -538,74 +642,31 @@ def disk_full(ctx: Context) -> dict[str, Any]:
         intact = all(checkpoint_problems(p) == [] for p in ckpts)
         leftovers = [p.name for p in out.rglob("*.tmp")]
         rows = metrics_iterations(out)
-        ballast.unlink()
+        (mount / "ballast").unlink()
         rc2 = run.resume_to_end()
         ok = rc == 1 and "no space left" in stop and intact and rc2 == 0
         return result("disk_full", ok, out, recovery.seconds(),
-                      f"tmpfs filled in iteration {at}; exit {rc} with `{stop[:200]}`; the "
-                      f"{len(ckpts)} checkpoints verified intact: {intact}, metrics rows "
-                      f"{rows}, temporaries left: {leftovers}; space freed, --resume exit {rc2}", run)  # fmt: skip
+                      f"tmpfs filled in iteration {at} ({free} bytes left, half a checkpoint); "
+                      f"exit {rc} with `{stop[:200]}`; the {len(ckpts)} checkpoints verified "
+                      f"intact: {intact}, metrics rows {rows}, temporaries left: {leftovers}; "
+                      f"space freed, --resume exit {rc2}", run)  # fmt: skip
     finally:
         if run is not None:
             run.kill()
-        # a copy of the run, for the record, then the mount goes
-        if (mount / "run").exists():
-            shutil.copytree(mount / "run", ctx.work / "disk_full", dirs_exist_ok=True)
-        subprocess.run(["umount", str(mount)], check=False)
+        # a copy of the run, for the record (the mount goes with the harness)
+        if out.exists():
+            shutil.copytree(out, ctx.work / "disk_full", dirs_exist_ok=True)
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 # ---- Prefect: a flow run cancelled, the launcher stopped -------------------------------------
-
-
-class PrefectServer:
-    """The server at PREFECT_API_URL, or a local one started (and stopped) by PID."""
-
-    def __init__(self, work: Path):
-        self.work, self.proc = work, None
-        self.api = os.environ.get("PREFECT_API_URL", "")
-
-    def __enter__(self) -> PrefectServer:
-        import httpx
-
-        def answers() -> bool:
-            try:
-                return httpx.get(f"{self.api}/health", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        if self.api and answers():
-            return self
-        port = free_port()
-        self.api = f"http://127.0.0.1:{port}/api"
-        home = self.work / "prefect_home"
-        home.mkdir(exist_ok=True)
-        os.environ.update(PREFECT_API_URL=self.api, PREFECT_HOME=str(home))
-        exe = Path(PY).with_name("prefect")
-        with open(self.work / "prefect_server.log", "ab") as log:
-            self.proc = subprocess.Popen(
-                [str(exe), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                env=env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
-        wait_until("Prefect server", answers, 300, self.proc)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-
-
-_PREFECT: PrefectServer | None = None
-
-
-def prefect_server(work: Path) -> None:
-    """Start (once per run of this script) the server the Prefect faults use."""
-    global _PREFECT
-    if _PREFECT is None:
-        _PREFECT = PrefectServer(work).__enter__()
 
 
 def _stopped_within(
@@ -621,11 +682,7 @@ def _stopped_within(
     return None, [(p, title(p)[:60]) for p in pids if alive(p)]
 
 
-SERVE = """
-from flows.stages import train_ppo_mem1
-train_ppo_mem1.serve(name="faults", limit=1)
-"""
-DEPLOYMENT = "train-ppo-mem1/faults"
+DEPLOYMENT = f"train-ppo-mem1/{DEPLOYMENT_NAME}"
 
 
 def _flow_run_until(flow_run_id, out: Path, tries: int = RAY_START_TRIES) -> Any:
@@ -698,7 +755,7 @@ def _flow_params(out: Path) -> dict[str, Any]:
 
 
 def flow_cancel(ctx: Context) -> dict[str, Any]:
-    prefect_server(ctx.work)  # before prefect is imported: it reads PREFECT_API_URL once
+    ctx.harness.prefect_server()  # before prefect is imported: it reads PREFECT_API_URL once
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
     from prefect.states import Cancelling
@@ -713,8 +770,8 @@ def flow_cancel(ctx: Context) -> dict[str, Any]:
     shutil.copytree(ctx.template, out)
     renv = {**env(), "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
     with open(ctx.work / "flow_cancel.runner.log", "ab") as log:
-        runner = subprocess.Popen([PY, "-c", SERVE], cwd=ROOT, env=renv, stdout=log,
-                                  stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        runner = subprocess.Popen([PY, "-m", "benchmarks.serve_ppo_stage"], cwd=ROOT, env=renv,
+                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:
         wait_until("the served deployment", lambda: _deployment(DEPLOYMENT), 300, runner)
         fr = run_deployment(DEPLOYMENT, parameters=_flow_params(out), timeout=0)
@@ -741,11 +798,7 @@ def flow_cancel(ctx: Context) -> dict[str, Any]:
         ok = not left and state == "Cancelled" and state2 == "Completed"
         return result("flow_cancel", ok, out, recovery.seconds(), note)
     finally:
-        os.killpg(runner.pid, signal.SIGTERM)
-        try:
-            runner.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(runner.pid, signal.SIGKILL)
+        stop_process_tree(runner, grace=30)  # its flow runs have sessions of their own
 
 
 def _deployment(name: str) -> bool:
@@ -769,7 +822,7 @@ def _final_state(flow_run_id) -> str | None:
 
 
 def launcher_sigterm(ctx: Context) -> dict[str, Any]:
-    prefect_server(ctx.work)  # the launcher talks to the server at PREFECT_API_URL
+    ctx.harness.prefect_server()  # the launcher talks to the server at PREFECT_API_URL
     runs_root = ctx.work / "launcher"
     shutil.rmtree(runs_root, ignore_errors=True)
     runs_root.mkdir()
@@ -792,9 +845,7 @@ def launcher_sigterm(ctx: Context) -> dict[str, Any]:
         recovery = Recovery(ppo, at)
         rc = proc.wait(timeout=120)
         stop_s, left = _stopped_within(tree, since=t_signal)
-        with open(log, "ab") as sink:
-            rc2 = subprocess.run([*cmd, "--no-deploy"], cwd=ROOT, env=env(), stdout=sink,
-                                 stderr=subprocess.STDOUT, timeout=3 * RUN_TIMEOUT_S).returncode  # fmt: skip
+        rc2 = run_to_exit([*cmd, "--no-deploy"], log, 3 * RUN_TIMEOUT_S)
         summary = json.loads((runs_root / name / "summary.json").read_text())
         note = (
             f"SIGTERM in PPO iteration {at}: launcher exit {rc}; the {len(tree)} processes "
@@ -805,8 +856,14 @@ def launcher_sigterm(ctx: Context) -> dict[str, Any]:
         ok = rc == 130 and not left and rc2 == 0 and summary["status"] == "completed"
         return result("launcher_sigterm", ok, ppo, recovery.seconds(), note)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:  # SIGTERM first: the launcher then stops its worker and flow run
+            tree = [proc.pid, *descendants(proc.pid)]
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                pass
+            stop_processes([p for p in tree if alive(p)])
 
 
 FAULTS: dict[str, Callable[[Context], dict[str, Any]]] = {
@@ -833,8 +890,9 @@ def warm_start(work: Path) -> Path:
     sets = [a for o in WARM_START for a in ("--set", o)]
     cmd = [PY, "-m", "mem1_core.cli.main", "train", "sft", "--warm-start", "--profile", "smoke",
            "--out", str(out), *sets]  # fmt: skip
-    with open(work / "warm_start.log", "ab") as log:
-        subprocess.run(cmd, cwd=ROOT, env=env(), stdout=log, stderr=subprocess.STDOUT, check=True)
+    rc = run_to_exit(cmd, work / "warm_start.log", RUN_TIMEOUT_S)
+    if rc != 0:
+        raise RuntimeError(f"the warm start failed ({rc}); see {work / 'warm_start.log'}")
     return out
 
 
@@ -855,6 +913,9 @@ def template(work: Path, init: Path) -> Path:
     return out
 
 
+PREFECT_FAULTS = ("flow_cancel", "launcher_sigterm")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", nargs="+", choices=sorted(FAULTS), help="run these faults only")
@@ -864,15 +925,31 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work or tempfile.mkdtemp(prefix="mem1-faults-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     say(f"working in {work}")
-    init = Path(args.init).resolve() if args.init else warm_start(work)
-    ctx = Context(work, init, template(work, init))
-    failed = 0
+    names = args.only or list(FAULTS)
+    # Explicit handlers, as deployments/launch.py has: `timeout` (SIGTERM), a closed terminal
+    # (SIGHUP) and Ctrl-C all end in Harness.close, so no child outlives this script.
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _interrupt)
+    harness = Harness(work)
     try:
-        failed = run_faults(ctx, args.only or list(FAULTS))
+        # What the selected faults need from the machine comes first, beside the warm start's
+        # minutes: the Prefect server starts, and a tmpfs that cannot be mounted says so now.
+        if set(names) & set(PREFECT_FAULTS):
+            harness.prefect_server()
+        if "disk_full" in names:
+            harness.tmpfs()
+        init = Path(args.init).resolve() if args.init else warm_start(work)
+        ctx = Context(work, init, template(work, init), harness)
+        return 1 if run_faults(ctx, names) else 0
+    except KeyboardInterrupt as e:
+        say(f"interrupted ({e}): stopping every process this script started")
+        return 130
     finally:
-        if _PREFECT is not None:
-            _PREFECT.__exit__(None, None, None)
-    return 1 if failed else 0
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        harness.close()
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
 
 
 def run_faults(ctx: Context, names: list[str]) -> int:

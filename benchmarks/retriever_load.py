@@ -30,7 +30,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,8 +42,9 @@ from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout
+
+from benchmarks.common import ROOT, free_port, retriever_command, wait_for_retriever  # noqa: E402
 
 BATCHES = (1, 1, 4, 4, 16, 32, 128)
 """Queries per well-formed request, drawn uniformly (small batches are the common case:
@@ -115,29 +115,17 @@ def world_queries(work: Path) -> list[str]:
     return pq.read_table(world_dir(work) / "questions.parquet")["question"].to_pylist()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(index: Path, port: int, log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "mem1_core.cli.main", "serve-retriever", "--index", str(index),
-           "--port", str(port), "--log-level", "warning"]  # fmt: skip
+    cmd = retriever_command(index, port, "--log-level", "warning")
     with open(log, "ab") as sink:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while True:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"the retrieval server did not start; see {log}")
-        time.sleep(0.2)
+    try:
+        wait_for_retriever(port, proc)
+    except (RuntimeError, TimeoutError) as e:
+        proc.kill()
+        raise RuntimeError(f"the retrieval server did not start ({e}); see {log}") from None
+    return proc
 
 
 # ---- clients ---------------------------------------------------------------------------------

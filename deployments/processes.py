@@ -70,21 +70,23 @@ def _kill(pid: int, sig: int) -> None:
         pass
 
 
+def stop_processes(pids: list[int], grace: float = STOP_GRACE_SECONDS) -> None:
+    """SIGTERM `pids`, each in its process group, then SIGKILL what is left after `grace`.
+
+    Read the tree before calling: a process whose parent dies is re-parented and can no
+    longer be found from it."""
+    _signal_groups(pids, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.1)
+    _signal_groups([p for p in pids if alive(p)], signal.SIGKILL)
+
+
 def stop_process_tree(proc: subprocess.Popen, grace: float = STOP_GRACE_SECONDS) -> None:
     """SIGTERM `proc` and every process under it — each in its process group, since a
     worker starts each flow run in a new session — then SIGKILL what is left after `grace`.
 
     The tree is read before any signal: once the worker dies its orphans are re-parented
     and could no longer be found from it."""
-    pids = [proc.pid, *descendants(proc.pid)] if proc.poll() is None else []
-    _signal_groups(pids, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(alive(p) for p in pids if p != proc.pid):
-        proc.poll()
-        time.sleep(0.1)
-    try:
-        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        pass
-    _signal_groups([p for p in pids if alive(p)], signal.SIGKILL)
+    stop_processes([proc.pid, *descendants(proc.pid)] if proc.poll() is None else [], grace)
     proc.wait()

@@ -237,9 +237,37 @@ def _artifacts(flow_run_ids: list[UUID]) -> dict[str, str]:
     return {a.key: a.data for a in arts if a.key}
 
 
+@pytest.mark.server
+@needs_server
+def test_ensure_pool_creates_a_process_pool_once():
+    """A pool the server lacks is created (True) as a process pool; asked again, it is
+    there already (False) and left as it is."""
+    from uuid import uuid4
+
+    from prefect.exceptions import ObjectNotFound
+
+    name = f"mem1-test-pool-{uuid4().hex[:8]}"
+    try:
+        assert launch.ensure_pool(name) is True
+        with _client() as client:
+            created = client.read_work_pool(name)
+        assert created.type == "process"
+        assert launch.ensure_pool(name) is False
+        with _client() as client:
+            assert client.read_work_pool(name).id == created.id
+    finally:
+        with _client() as client:
+            try:
+                client.delete_work_pool(name)
+            except ObjectNotFound:
+                pass
+
+
 @pytest.fixture(scope="module")
 def deployed():
-    assert launch.ensure_pool() in (True, False)
+    launch.ensure_pool()
+    with _client() as client:
+        assert client.read_work_pool(launch.POOL).type == "process"
     t0 = time.perf_counter()
     launch.deploy()
     print(f"prefect deploy --all: {time.perf_counter() - t0:.1f} s")

@@ -393,3 +393,68 @@ def test_a_killed_rollout_worker_is_restarted_and_its_share_redone(tmp_path, mon
         assert _gen_ids(runtime.rollout(tasks, seed=5)) == _gen_ids(expected)
     finally:
         runtime.shutdown()
+
+
+# ---- the fault benchmark itself, stopped ---------------------------------------------------
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+@pytest.mark.slow
+def test_the_fault_benchmark_stopped_by_sigterm_leaves_nothing_behind(tmp_path):
+    """benchmarks/faults.py stopped by SIGTERM (as `timeout` stops it) mid-run, with the SFT
+    warm start training, the Prefect server it started up and (as root) disk_full's tmpfs
+    mounted: it exits 130, no process it started is left, and nothing stays mounted."""
+    import subprocess
+    import sys
+
+    from deployments.processes import alive, descendants
+
+    root = Path(__file__).resolve().parents[1]
+    work, log = tmp_path / "work", tmp_path / "faults.log"
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}  # its own server
+    cmd = [sys.executable, str(root / "benchmarks" / "faults.py"), "--work", str(work)]
+    cmd += ["--only", "disk_full", "flow_cancel"]
+    with open(log, "wb") as sink:
+        proc = subprocess.Popen(
+            cmd, cwd=root, env=env | {"OMP_NUM_THREADS": "1"}, stdout=sink, stderr=sink
+        )
+    tree: list[int] = []
+    try:
+        deadline = time.monotonic() + 300
+        while not any("train sft" in _cmdline(p) for p in descendants(proc.pid)):
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no SFT warm start within 300 s"
+            time.sleep(0.5)
+        time.sleep(2)  # the SFT child under way
+        tree = [p for p in descendants(proc.pid) if alive(p)]
+        titles = [_cmdline(p) for p in tree]
+        assert any("prefect server start" in t for t in titles), titles
+        said = log.read_text()
+        as_root = "mounted a" in said
+        assert as_root or "no tmpfs at" in said, said[-3000:]
+        assert os.path.ismount(work / "tmpfs") == as_root
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 130, log.read_text()[-3000:]
+        assert "interrupted (signal 15)" in log.read_text()
+        assert [(p, _cmdline(p)) for p in tree if alive(p)] == []
+        # nothing started later either: no process anywhere still works in the work dir
+        stray = [
+            (int(d.name), _cmdline(int(d.name)))
+            for d in Path("/proc").iterdir()
+            if d.name.isdigit() and str(work) in _cmdline(int(d.name)) and alive(int(d.name))
+        ]
+        assert stray == []
+        assert not os.path.ismount(work / "tmpfs")
+    finally:
+        for p in [proc.pid, *tree]:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
+        if os.path.ismount(work / "tmpfs"):
+            subprocess.run(["umount", "-l", str(work / "tmpfs")], check=False)

@@ -15,15 +15,9 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
+sys.path.insert(0, str(ROOT))  # the benchmarks package lives in the checkout, not the install
 
 
 @pytest.mark.slow
@@ -53,8 +47,14 @@ def test_cpu_quick_mode_end_to_end(tmp_path):
     assert hf["ok"] and hf["tag_scheme"] == "text" and not hf["tags_in_vocab"]
     assert [r["tail_after_tag"] for r in hf["scripts"]] == ["\n", ".\n"]
     assert all(r["closing_tag_tokens"] >= 2 and r["recites_past_the_tag"] for r in hf["scripts"])
-    assert by["text_stops_vllm"].get("ok", True)
-    assert by["vllm"].get("ok", True) and by["summary"]["ok"]
+    # the vLLM rows pass where vLLM is installed, and say they skipped (no error) where not
+    for name in ("text_stops_vllm", "vllm"):
+        if importlib.util.find_spec("vllm") is not None:
+            assert by[name]["ok"] is True, by[name]
+        else:
+            assert by[name] == {"check": name, "skipped": by[name]["skipped"]}, by[name]
+            assert "not available" in by[name]["skipped"]
+    assert by["summary"] == {"check": "summary", "failed": [], "ok": True}
     assert "CUDA only" in by["vllm_deployment"]["skipped"]
 
 
@@ -62,9 +62,10 @@ def test_the_deployment_vllm_section_never_runs_on_a_cpu(tmp_path):
     """`vllm_deployment` (issue 15) drives PPO from the Prefect venv with vLLM rollout workers
     under .venv-vllm, sized for a GPU: on a CPU it only says it skipped (./dev test-vllm covers
     the CPU path)."""
-    gpu_check = _load()
+    from benchmarks.gpu import vllm_deployment
+    from benchmarks.gpu.base import Check, sizes_for
+
     rows = []
-    sizes = gpu_check.sizes_for("cpu", quick=True)
-    gpu_check.vllm_deployment("cpu", sizes, tmp_path, rows.append, None)
+    vllm_deployment.run(Check("cpu", sizes_for("cpu", quick=True), tmp_path, rows.append))
     assert rows == [{"check": "vllm_deployment", "skipped": rows[0]["skipped"]}]
     assert "CUDA only" in rows[0]["skipped"] and not any(tmp_path.iterdir())

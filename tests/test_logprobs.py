@@ -379,7 +379,7 @@ def test_bench_trajectory_cli_and_its_baseline(tmp_path, capsys) -> None:
     assert main([*argv, "--trajectories", "2", "--no-flex", "--out", str(out)]) == 0
     printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert printed == [json.loads(line) for line in out.read_text().splitlines()]
-    assert [(r["policy"], r["turns"]) for r in printed] == [("mem1", 3), ("full", 3)]
+    assert [(r["memory"], r["turns"]) for r in printed] == [("mem1", 3), ("full", 3)]
     for r in printed:
         assert r["max_abs_dlogp"] <= TOL and r["max_abs_dlogp_dense"] <= TOL
         assert r["max_abs_dlogp_flex"] is None

@@ -189,11 +189,6 @@ def generate_world(cfg: WorldConfig) -> World:
     return World(cfg, corpus.replace_schema_metadata(meta), questions.replace_schema_metadata(meta))
 
 
-def mentioned_entities(question_table: pa.Table, world_titles: set[str]) -> list[set[str]]:
-    """Entity titles that occur in each question's text (for checking the split)."""
-    return [{t for t in world_titles if t in q} for q in question_table["question"].to_pylist()]
-
-
 def write_world(world: World, out_dir: str | Path) -> tuple[Path, Path]:
     """Write `corpus.parquet` and `questions.parquet` atomically into `out_dir`."""
     out = Path(out_dir)

@@ -43,6 +43,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from mem1_core.deprecated import read_renamed
 from mem1_core.rl.critic import VALUE_HEAD_FILE, Critic
 from mem1_core.runs.atomic import atomic_dir, write_json
 from mem1_core.runs.layout import (
@@ -295,12 +296,13 @@ def _save_critic_state(critic: Critic, state: dict[str, torch.Tensor], out: Path
 
 def checkpoint_memory(path: str | Path) -> str | None:
     """The memory policy the checkpoint's run trained under, from its config.json
-    (`rollout.memory`; `rollout.policy` in checkpoints written before the rename), or None."""
+    (`rollout.memory`; `rollout.policy` in checkpoints written before the rename, read until
+    mem1_core.deprecated.REMOVED_IN), or None."""
     config = Path(path) / "config.json"
     if not config.is_file():
         return None
     rollout = json.loads(config.read_text()).get("rollout", {})
-    return rollout.get("memory") or rollout.get("policy")
+    return read_renamed(rollout, "rollout.policy", str(config))
 
 
 def read_state(path: str | Path) -> TrainState:

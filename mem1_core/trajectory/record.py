@@ -19,6 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from mem1_core.deprecated import read_renamed
 from mem1_core.evaluation.metrics import dependency, peak_tokens
 from mem1_core.runs import atomic
 from mem1_core.trajectory.tree import Segment
@@ -67,7 +68,8 @@ class Turn:
 class Trajectory:
     task_id: str
     memory: str
-    """The memory policy that built its contexts (Parquet column `policy`)."""
+    """The memory policy that built its contexts (Parquet column `memory`; `policy` in files
+    written before the rename, read until mem1_core.deprecated.REMOVED_IN)."""
     prompt_ids: list[int]
     golden_answers: list[list[str]]
     turns: list[Turn] = field(default_factory=list)
@@ -151,7 +153,7 @@ _REF = pa.struct(
 TRAJECTORY_SCHEMA = pa.schema(
     [
         ("task_id", pa.string()),
-        ("policy", pa.string()),
+        ("memory", pa.string()),
         ("group", pa.int32()),
         ("sample", pa.int32()),
         ("n_objectives", pa.int32()),
@@ -192,7 +194,7 @@ def to_table(trajs: list[Trajectory]) -> pa.Table:
         rows.append(
             {
                 "task_id": tr.task_id,
-                "policy": tr.memory,
+                "memory": tr.memory,
                 "group": tr.group,
                 "sample": tr.sample,
                 "n_objectives": tr.n_objectives,
@@ -260,7 +262,7 @@ def from_table(table: pa.Table) -> list[Trajectory]:
         out.append(
             Trajectory(
                 task_id=r["task_id"],
-                memory=r["policy"],
+                memory=read_renamed(r, "policy", "a trajectory table"),
                 prompt_ids=r["prompt_ids"],
                 golden_answers=r["golden_answers"],
                 turns=turns,

@@ -1,14 +1,15 @@
 """`mem1 bench <name>`: micro-benchmarks, each printing one JSON object per measured cell.
 
-The benchmarks live in the repository's `benchmarks/`, not in the library; a command loads
-its script from there. Add a benchmark by writing an `add_arguments(parser)` and a
-`run(args) -> int` and listing them in BENCHES.
+The benchmarks live in the repository's `benchmarks/` package, not in the library; a command
+imports its module from there (the checkout's root goes on sys.path when it is not already).
+Add a benchmark by writing an `add_arguments(parser)` and a `run(args) -> int` and listing
+them in BENCHES.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import json
 import sys
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 
 # mem1 is installed editable (`pip install -e`), so the checkout sits above the package.
-BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
+CHECKOUT = Path(__file__).resolve().parents[3]
 
 
 @dataclass(frozen=True)
@@ -60,32 +61,29 @@ _MANY = {"turns", "memories"}
 
 
 class _Renamed(argparse.Action):
-    """An option's old name: still read, with a deprecation message, for one release."""
+    """An option's old name (mem1_core.deprecated): still read, with a message on stderr."""
 
     def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001
-        new = "--" + self.dest.replace("_", "-")
+        from mem1_core.deprecated import MEMORY_RENAMES, REMOVED_IN
+
+        new = MEMORY_RENAMES[option_string]
         print(
-            f"{option_string} is now {new}; the old name goes in the next release", file=sys.stderr
+            f"{option_string} is now {new}; the old name is read until {REMOVED_IN}",
+            file=sys.stderr,
         )
         setattr(namespace, self.dest, values)
 
 
 def load_benchmark(name: str) -> ModuleType:
-    """The module of `benchmarks/<name>.py` (registered in sys.modules: its dataclasses
-    resolve their annotations through it)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    path = BENCHMARKS / f"{name}.py"
-    if not path.is_file():
+    """The module `benchmarks.<name>` of the checkout this package is installed from."""
+    if not (CHECKOUT / "benchmarks" / f"{name}.py").is_file():
         raise SystemExit(
-            f"{path} not found: `mem1 bench` needs the repository checkout "
-            "(install it with `pip install -e .`)"
+            f"{CHECKOUT / 'benchmarks' / name}.py not found: `mem1 bench` needs the repository "
+            "checkout (install it with `pip install -e .`)"
         )
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    if str(CHECKOUT) not in sys.path:
+        sys.path.insert(0, str(CHECKOUT))
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 def _trajectory_args(p: argparse.ArgumentParser) -> None:

@@ -10,7 +10,9 @@ import time
 
 def add_config_args(p: argparse.ArgumentParser) -> None:
     """--profile / --config / --set, shared by every stage that reads a Config."""
-    p.add_argument("--profile", default="tiny", help="tiny (CPU default), smoke, smol (SmolLM2) or paper")
+    p.add_argument(
+        "--profile", default="tiny", help="tiny (CPU default), smoke, smol (SmolLM2) or paper"
+    )
     p.add_argument("--config", default=None, help="YAML file of overrides by section")
     p.add_argument(
         "--set",

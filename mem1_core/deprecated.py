@@ -1,0 +1,48 @@
+"""Old names still read, until REMOVED_IN: what the `policy` -> `memory` rename left in files
+and commands written before it (a memory policy builds contexts; "the policy" is the trained
+model). Every reader of an old name goes through here, so removing them is deleting this
+module's entries and the lines that import it.
+
+Imports nothing from mem1_core: any layer may use it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+REMOVED_IN = "0.2.0"
+"""The release in which the old names below stop being read."""
+
+MEMORY_RENAMES: dict[str, str] = {
+    "rollout.policy": "rollout.memory",
+    "policy": "memory",
+    "--policies": "--memories",
+}
+"""Old name -> new name. `rollout.policy`: a config field (YAML, --set, a checkpoint's
+config.json). `policy`: the column of trajectory Parquet files and of the scaling table, the
+key of SFT and base-start summaries, the `train-ppo-mem1` flow parameter. `--policies`: the
+option of `mem1 bench trajectory`."""
+
+
+def warn_renamed(old: str, where: str) -> None:
+    """A DeprecationWarning that `where` used `old`, naming its replacement and REMOVED_IN."""
+    warnings.warn(
+        f"{where}: {old} is now {MEMORY_RENAMES[old]}; the old name is read until {REMOVED_IN}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
+def read_renamed(values: Mapping[str, Any], old: str, where: str, default: Any = None) -> Any:
+    """values[new name of `old`], else values[old] (written before the rename; with a
+    warning), else `default`."""
+    new = MEMORY_RENAMES[old].rpartition(".")[2]
+    key = old.rpartition(".")[2]
+    if values.get(new) is not None:
+        return values[new]
+    if values.get(key) is not None:
+        warn_renamed(old, where)
+        return values[key]
+    return default
