@@ -41,8 +41,10 @@ def evaluate_scaling(
     rollout_cfg,
     out_dir: str | Path,
     progress: bool = True,
+    scorer: str = "squad",
 ) -> pd.DataFrame:
-    """Every agent on every N; writes trajectories/<agent>_n<N>.parquet and metrics.{parquet,csv}."""
+    """Every agent on every N, answers scored by `scorer`; writes
+    trajectories/<agent>_n<N>.parquet and metrics.{parquet,csv}."""
     out = Path(out_dir)
     rows = []
     total = len(agents) * sum(len(t) for t in tasks_by_n.values())
@@ -61,6 +63,7 @@ def evaluate_scaling(
                 memory=agent.memory,
                 backend=agent.backend,
                 progress=progress,
+                scorer=scorer,
             )
             write_trajectories(trajs, out / "trajectories" / f"{agent.name}_n{n}.parquet")
             rows.append(
@@ -69,6 +72,7 @@ def evaluate_scaling(
                     "memory": agent.memory,
                     "policy": agent.memory,  # the column's old name, for one release
                     "n_objectives": n,
+                    "scorer": scorer,
                     **summarize(trajs, seconds),
                 }
             )

@@ -79,7 +79,9 @@ def run_objective_scaling(
         built.append(Agent("teacher", "mem1", None, ScriptedTeacher(tok, every)))
         built.append(Agent("teacher-full", "full", None, ScriptedTeacher(tok, every)))
     out = Path(out_dir)
-    table = evaluate_scaling(built, tok, env, tasks_by_n, cfg.rollout, out, progress=progress)
+    table = evaluate_scaling(
+        built, tok, env, tasks_by_n, cfg.rollout, out, progress=progress, scorer=cfg.eval.scorer
+    )
     plots = scaling_plots(table, out)
     names = {a.name: a.memory for a in built}
     mem1 = next((n for n in names if n.startswith("mem1")), None)
