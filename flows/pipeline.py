@@ -167,11 +167,13 @@ def _evaluate(ctx: RunContext) -> StageResult:
     from flows.stages import evaluate_objective_scaling
 
     out = evaluate_objective_scaling(**_stage_args(ctx))
+    # the stage's numbers, read off its headline (eval/headline.json), not recomputed
     head: dict[str, Scalar] = {}
-    for r in out["headline"]:
-        head[f"{r['agent']} N={r['N']} EM"] = r["em_sum"]
-        head[f"{r['agent']} N={r['N']} peak tokens"] = r["peak_tokens"]
-    head.update({k: v for k, v in out["ratios"].items() if v is not None})
+    for c in out["headline"]:
+        head[f"{c['agent']} N={c['N']} EM fraction"] = c["em_frac"]
+        head[f"{c['agent']} N={c['N']} EM sum"] = c["em_sum"]
+        head[f"{c['agent']} N={c['N']} peak tokens"] = c["peak_tokens"]
+    head.update({f"{c['label']} at N={c['N']}": c["value"] for c in out["comparisons"]})
     return StageResult(outputs=out, headline=head)
 
 
@@ -367,21 +369,24 @@ def nightly_eval(runs_root: str | None = None, profile: str = "tiny") -> dict[st
     result = run_objective_scaling(
         cfg, run_dir, out, [(checkpoint.name, str(policy), memory)], teacher=False, progress=False
     )
-    rows = result["headline"]
-    publish_table(NIGHTLY_KEY + "-table", rows, f"Nightly evaluation of {checkpoint}")
     # the trend across nights, kept beside the runs it watches
-    import pandas as pd
-
     from mem1_core.evaluation.compare import append_night, plot_trend, previous_night
-    from mem1_core.evaluation.report import markdown_table
+    from mem1_core.evaluation.headline import cells_table, read_headline
+    from mem1_core.evaluation.report import agent_rows, headline_markdown, markdown_table
 
+    headline = read_headline(out)  # what the evaluation wrote: rendered, not recomputed
+    publish_table(
+        NIGHTLY_KEY + "-table", agent_rows(headline), f"Nightly evaluation of {checkpoint}"
+    )
     night = out.name
-    table = pd.read_csv(out / "metrics.csv")
-    trend = append_night(root / "nightly" / "trend.csv", night, str(checkpoint), table)
+    trend = append_night(
+        root / "nightly" / "trend.csv", night, str(checkpoint), cells_table(headline)
+    )
     versus = previous_night(trend, night)
     trend_png = plot_trend(trend, root / "nightly" / "trend.png")
     text = (
         f"Checkpoint `{checkpoint}` evaluated under `{memory}` into `{out}`.\n\n"
+        f"{headline_markdown(headline)}\n"
         f"## Tonight against the previous night\n\n{markdown_table(versus)}\n"
         f"{image_section({'EM per night': trend_png})}"
     )
@@ -392,7 +397,7 @@ def nightly_eval(runs_root: str | None = None, profile: str = "tiny") -> dict[st
         "checkpoint": str(checkpoint),
         "evaluated": True,
         "out": str(out),
-        "headline": rows,
+        "headline": result["headline"],
         "trend": str(root / "nightly" / "trend.csv"),
         "versus_previous": versus,
     }
