@@ -20,7 +20,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from flows.common import (
     build_config,
     image_section,
     publish_markdown,
+    publish_samples,
     publish_table,
     report_progress,
 )
@@ -346,7 +347,27 @@ def mem1(
     }
 
 
-@flow(name="mem1-nightly-eval", log_prints=True)
+def nightly_run_name(night: date, runs_root: Path, checkpoint: Path | None) -> str:
+    """`nightly · 2026-12-03 · RUN/ppo_mem1/iter_000007`: the night and the checkpoint it
+    evaluates (its path under the runs root, without `checkpoints/`), so the UI's run list says
+    what each night looked at instead of a random pair of words."""
+    if checkpoint is None:
+        return f"nightly · {night:%Y-%m-%d} · no checkpoint"
+    try:
+        parts = checkpoint.relative_to(runs_root).parts
+    except ValueError:  # not under the root (never expected): run, stage and checkpoint
+        parts = checkpoint.parts[-3:]
+    return f"nightly · {night:%Y-%m-%d} · {'/'.join(p for p in parts if p != CHECKPOINTS)}"
+
+
+def _nightly_flow_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    root = resolve_runs_root((flow_run.parameters or {}).get("runs_root"))
+    return nightly_run_name(date.today(), root, newest_checkpoint_under(root))
+
+
+@flow(name="mem1-nightly-eval", flow_run_name=_nightly_flow_run_name, log_prints=True)
 def nightly_eval(runs_root: str | None = None, profile: str = "tiny") -> dict[str, Any]:
     """Evaluate the newest checkpoint under `runs_root` across N and publish its tables."""
     cfg = build_config(profile, None, None)  # a bad profile fails here, before any search
@@ -392,6 +413,7 @@ def nightly_eval(runs_root: str | None = None, profile: str = "tiny") -> dict[st
     )
     print(markdown_table(versus))
     publish_markdown(NIGHTLY_KEY, f"# mem1 nightly evaluation\n\n{text}\n", "Nightly evaluation")
+    publish_samples(result["samples"], key=NIGHTLY_KEY + "-trajectories")
     return {
         "runs_root": str(root),
         "checkpoint": str(checkpoint),

@@ -29,6 +29,7 @@ from flows.common import (
     image_section,
     metric_rows,
     publish_markdown,
+    publish_samples,
     publish_table,
     stage_run_name,
 )
@@ -155,6 +156,7 @@ def evaluate_objective_scaling(
         f"{headline_markdown(headline)}\n{image_section(result['plots'])}",
         "objective scaling: agents × N, the paper's comparisons at every N, plots",
     )
+    publish_samples(result["samples"])
     return result
 
 

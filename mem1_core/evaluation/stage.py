@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from mem1_core.evaluation.headline import build_headline, write_headline
+from mem1_core.evaluation.samples import write_samples
 from mem1_core.evaluation.scaling import Agent, evaluate_scaling, scaling_plots
 from mem1_core.models.model import load_model
 from mem1_core.rollout.teacher import ScriptedTeacher, can_play
@@ -55,7 +56,7 @@ def run_objective_scaling(
     progress: bool = True,
 ) -> dict:
     """agents: (name, policy_dir, memory policy). Writes `out_dir`'s trajectories, metrics,
-    plots and headline.json; returns the headline's cells (`headline`) and comparisons, and
+    plots, headline.json and samples/<agent>.md (mem1_core.evaluation.samples); returns the headline's cells (`headline`) and comparisons, and
     the paths. `teacher` adds the scripted teacher's rows where it can play the tasks (the
     world's). (`ratios`, the comparisons at the largest N, goes in the next release.)"""
     # Every agent reads with its own tokenizer: the run adopts theirs (all must agree).
@@ -86,6 +87,9 @@ def run_objective_scaling(
         built, tok, env, tasks_by_n, cfg.rollout, out, progress=progress, scorer=cfg.eval.scorer
     )
     plots = scaling_plots(table, out)
+    samples = write_samples(
+        out, {a.name: a.memory for a in built}, ns, {t.task_id: t.questions for t in every}
+    )
     headline = build_headline(table, cfg.eval.scorer)
     big = headline["objectives"][-1]
     result = {
@@ -97,6 +101,7 @@ def run_objective_scaling(
         "ratios": {"n_max": big}
         | {c["comparison"]: c["value"] for c in headline["comparisons"] if c["N"] == big},
         "plots": {k: str(v) for k, v in plots.items()},
+        "samples": {agent: str(path) for agent, path in samples.items()},
         "table": str(out / "metrics.csv"),
     }
     atomic.write_json(result, out / "summary.json")
