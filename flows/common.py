@@ -110,5 +110,6 @@ def publish_samples(samples: dict[str, str], key: str | None = None) -> None:
         publish_markdown(
             key or f"trajectories-{agent}",
             Path(path).read_text(),
-            f"Sample trajectories of {agent}: <IS>, query, info and tokens per turn",
+            # no `<IS>` here: the UI drops a description's angle-bracket tags as HTML
+            f"Sample trajectories of {agent}: state, query, info and tokens per turn",
         )

@@ -104,7 +104,8 @@ def test_the_markdown_keeps_model_text_inert():
     md = trajectory_markdown(t)
     assert "&lt;script&gt;" in md and "\\*b\\*" in md and "<script>" not in md
     assert "**Turn 3** · 24 tokens in context (12 pruned) · 4 generated" in md
-    assert "✅" in md and "❌" in md
+    assert "1. **right**: gold “1821”, answered “1821”" in md
+    assert "2. **wrong**: gold “1749”, answered “1750”" in md
 
 
 def test_samples_are_the_first_tasks_at_n2_and_the_largest_n():

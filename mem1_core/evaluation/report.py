@@ -55,14 +55,14 @@ def agent_rows(headline: Mapping[str, Any]) -> list[dict[str, str]]:
             "N": str(c["N"]),
             "EM fraction": _pm_or_dash(c["em_frac"], c["em_frac_se"]),
             "EM sum (0..N)": _pm_or_dash(c["em_sum"], c["em_sum_se"]),
-            "peak tokens, all tasks": _tokens(c["peak_tokens"]),
+            "peak, all tasks": _tokens(c["peak_tokens"]),
             PEAK_CREDITED: _tokens(c.get("peak_tokens_credited")),
         }
         for c in headline["cells"]
     ]
 
 
-PEAK_CREDITED = "peak tokens, tasks with EM > 0 (paper)"
+PEAK_CREDITED = "peak, tasks with EM > 0 (paper)"
 """The column of the paper's average (MIT-MI/MEM1 inference/eval.py skips tasks without EM)."""
 
 

@@ -152,7 +152,10 @@ def trajectory_markdown(traj: Trajectory, questions: Sequence[str] | None = None
         q = f"{_md(m.question)} — " if m.question else ""
         said = "no answer" if m.answered is None else f"answered “{_md(m.answered)}”"
         gold = " / ".join(_md(g) for g in m.gold)
-        lines.append(f"{m.index}. {'✅' if m.right else '❌'} {q}gold “{gold}”, {said}")
+        # words, not emoji: a browser without an emoji font draws empty boxes (seen in Chromium)
+        lines.append(
+            f"{m.index}. {'**right**' if m.right else '**wrong**'}: {q}gold “{gold}”, {said}"
+        )
     lines.append("")
     for v in turn_views(traj):
         lines.append(
