@@ -17,7 +17,11 @@ from typing import Any
 
 import pandas as pd
 
-from mem1_core.evaluation.headline import build_headline
+from mem1_core.evaluation.headline import FULL, MEM1, SFT, build_headline  # noqa: F401
+
+BASE = "warm-start"
+"""Kept, with MEM1, FULL and SFT (re-exported from mem1_core.evaluation.headline), for one
+release: the agent names this module used to define."""
 
 
 def decimals(se: float) -> int:
