@@ -273,11 +273,15 @@ def force_cancelled(flow_run_id: UUID) -> None:
 
 
 def headline_table(summary: dict[str, Any]) -> str:
-    """The run's headline for the terminal: agents x N (EM fraction ± SE, peak tokens) and
-    the paper's ratios when the evaluation ran; else the stages' numbers."""
-    if summary.get("headline_text"):
+    """The run's headline for the terminal: its evaluation's headline rendered (agents × N,
+    the paper's comparisons at every N) when the evaluation ran; else the stages' numbers."""
+    from mem1_core.evaluation.report import headline_text
+
+    if summary.get("eval_headline") or summary.get("headline_text"):
         lines = [f"mem1 run {summary['run_name']} ({summary['profile']}): {summary['status']}", ""]
-        lines.append(summary["headline_text"])
+        # a summary.json older than eval_headline carries its text already rendered
+        head = summary.get("eval_headline")
+        lines.append(headline_text(head) if head else summary["headline_text"])
         lines.append(f"(every stage's numbers: {summary['run_dir']}/summary.md)")
         if summary.get("failed_stage"):
             lines += ["", f"failed in stage {summary['failed_stage']}"]

@@ -100,3 +100,16 @@ def image_section(plots: dict[str, str | Path]) -> str:
         if path and Path(path).is_file():
             parts.append(f"### {name}\n\n{image_markdown(path, name)}\n\n`{path}`\n")
     return "\n".join(parts)
+
+
+def publish_samples(samples: dict[str, str], key: str | None = None) -> None:
+    """Each agent's sample trajectories (eval/samples/<agent>.md) as a markdown artifact, keyed
+    `trajectories-<agent>` (or `key`, for an agent whose name changes between runs: the
+    nightly's checkpoint), so the UI groups the same agent's samples across runs."""
+    for agent, path in samples.items():
+        publish_markdown(
+            key or f"trajectories-{agent}",
+            Path(path).read_text(),
+            # no `<IS>` here: the UI drops a description's angle-bracket tags as HTML
+            f"Sample trajectories of {agent}: state, query, info and tokens per turn",
+        )

@@ -20,7 +20,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from flows.common import (
     build_config,
     image_section,
     publish_markdown,
+    publish_samples,
     publish_table,
     report_progress,
 )
@@ -167,11 +168,13 @@ def _evaluate(ctx: RunContext) -> StageResult:
     from flows.stages import evaluate_objective_scaling
 
     out = evaluate_objective_scaling(**_stage_args(ctx))
+    # the stage's numbers, read off its headline (eval/headline.json), not recomputed
     head: dict[str, Scalar] = {}
-    for r in out["headline"]:
-        head[f"{r['agent']} N={r['N']} EM"] = r["em_sum"]
-        head[f"{r['agent']} N={r['N']} peak tokens"] = r["peak_tokens"]
-    head.update({k: v for k, v in out["ratios"].items() if v is not None})
+    for c in out["headline"]:
+        head[f"{c['agent']} N={c['N']} EM fraction"] = c["em_frac"]
+        head[f"{c['agent']} N={c['N']} EM sum"] = c["em_sum"]
+        head[f"{c['agent']} N={c['N']} peak tokens"] = c["peak_tokens"]
+    head.update({f"{c['label']} at N={c['N']}": c["value"] for c in out["comparisons"]})
     return StageResult(outputs=out, headline=head)
 
 
@@ -344,7 +347,27 @@ def mem1(
     }
 
 
-@flow(name="mem1-nightly-eval", log_prints=True)
+def nightly_run_name(night: date, runs_root: Path, checkpoint: Path | None) -> str:
+    """`nightly · 2026-12-03 · RUN/ppo_mem1/iter_000007`: the night and the checkpoint it
+    evaluates (its path under the runs root, without `checkpoints/`), so the UI's run list says
+    what each night looked at instead of a random pair of words."""
+    if checkpoint is None:
+        return f"nightly · {night:%Y-%m-%d} · no checkpoint"
+    try:
+        parts = checkpoint.relative_to(runs_root).parts
+    except ValueError:  # not under the root (never expected): run, stage and checkpoint
+        parts = checkpoint.parts[-3:]
+    return f"nightly · {night:%Y-%m-%d} · {'/'.join(p for p in parts if p != CHECKPOINTS)}"
+
+
+def _nightly_flow_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    root = resolve_runs_root((flow_run.parameters or {}).get("runs_root"))
+    return nightly_run_name(date.today(), root, newest_checkpoint_under(root))
+
+
+@flow(name="mem1-nightly-eval", flow_run_name=_nightly_flow_run_name, log_prints=True)
 def nightly_eval(runs_root: str | None = None, profile: str = "tiny") -> dict[str, Any]:
     """Evaluate the newest checkpoint under `runs_root` across N and publish its tables."""
     cfg = build_config(profile, None, None)  # a bad profile fails here, before any search
@@ -367,32 +390,36 @@ def nightly_eval(runs_root: str | None = None, profile: str = "tiny") -> dict[st
     result = run_objective_scaling(
         cfg, run_dir, out, [(checkpoint.name, str(policy), memory)], teacher=False, progress=False
     )
-    rows = result["headline"]
-    publish_table(NIGHTLY_KEY + "-table", rows, f"Nightly evaluation of {checkpoint}")
     # the trend across nights, kept beside the runs it watches
-    import pandas as pd
-
     from mem1_core.evaluation.compare import append_night, plot_trend, previous_night
-    from mem1_core.evaluation.report import markdown_table
+    from mem1_core.evaluation.headline import cells_table, read_headline
+    from mem1_core.evaluation.report import agent_rows, headline_markdown, markdown_table
 
+    headline = read_headline(out)  # what the evaluation wrote: rendered, not recomputed
+    publish_table(
+        NIGHTLY_KEY + "-table", agent_rows(headline), f"Nightly evaluation of {checkpoint}"
+    )
     night = out.name
-    table = pd.read_csv(out / "metrics.csv")
-    trend = append_night(root / "nightly" / "trend.csv", night, str(checkpoint), table)
+    trend = append_night(
+        root / "nightly" / "trend.csv", night, str(checkpoint), cells_table(headline)
+    )
     versus = previous_night(trend, night)
     trend_png = plot_trend(trend, root / "nightly" / "trend.png")
     text = (
         f"Checkpoint `{checkpoint}` evaluated under `{memory}` into `{out}`.\n\n"
+        f"{headline_markdown(headline)}\n"
         f"## Tonight against the previous night\n\n{markdown_table(versus)}\n"
         f"{image_section({'EM per night': trend_png})}"
     )
     print(markdown_table(versus))
     publish_markdown(NIGHTLY_KEY, f"# mem1 nightly evaluation\n\n{text}\n", "Nightly evaluation")
+    publish_samples(result["samples"], key=NIGHTLY_KEY + "-trajectories")
     return {
         "runs_root": str(root),
         "checkpoint": str(checkpoint),
         "evaluated": True,
         "out": str(out),
-        "headline": rows,
+        "headline": result["headline"],
         "trend": str(root / "nightly" / "trend.csv"),
         "versus_previous": versus,
     }

@@ -11,7 +11,7 @@ the run directory:
   teacher trajectories under `mem1` from the same warm start, `sft_mem1/` (not on real QA
   data).
 - `evaluate-objective-scaling`: every agent (and the teacher) on test tasks for each N,
-  `eval/` (trajectories, metrics.{parquet,csv}, plots).
+  `eval/` (trajectories, metrics.{parquet,csv}, headline.json, plots).
 - `ablation-summary`: RL vs SFT across N, and the training curves, `ablation/`.
 """
 
@@ -29,6 +29,7 @@ from flows.common import (
     image_section,
     metric_rows,
     publish_markdown,
+    publish_samples,
     publish_table,
     stage_run_name,
 )
@@ -138,6 +139,8 @@ def train_sft_arm(
 def evaluate_objective_scaling(
     profile: str, config_path: str | None, overrides: list[str] | None, run_dir: str
 ) -> dict[str, Any]:
+    from mem1_core.evaluation.headline import read_headline
+    from mem1_core.evaluation.report import agent_rows, headline_markdown
     from mem1_core.evaluation.stage import run_objective_scaling, trained_agents
 
     cfg = build_config(profile, config_path, overrides)
@@ -145,15 +148,15 @@ def evaluate_objective_scaling(
     result = run_objective_scaling(
         cfg, root, root / EVAL, trained_agents(root), teacher=True, progress=False
     )
-    publish_table(
-        "objective-scaling", result["headline"], f"EM and peak tokens per N, {root / EVAL}"
-    )
+    headline = read_headline(root / EVAL)  # what the stage wrote: rendered, not recomputed
+    publish_table("objective-scaling", agent_rows(headline), f"Agents × N, {root / EVAL}")
     publish_markdown(
         "objective-scaling-plots",
         f"# Objective scaling\n\nTable: `{result['table']}`\n\n"
-        f"{image_section(result['plots'])}\nRatios: {result['ratios']}\n",
-        "objective-scaling plots (EM ± SE and peak tokens vs N) and ratios",
+        f"{headline_markdown(headline)}\n{image_section(result['plots'])}",
+        "objective scaling: agents × N, the paper's comparisons at every N, plots",
     )
+    publish_samples(result["samples"])
     return result
 
 

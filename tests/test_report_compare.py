@@ -1,5 +1,6 @@
-"""The headline table, the inline plots, `mem1 compare` and the nightly trend, checked
-against tables whose answers are known by construction."""
+"""The headline (computed once, eval/headline.json) and what renders it: the agents × N table,
+the paper's comparisons at every N, the inline plots, `mem1 compare` and the nightly trend,
+checked against tables whose answers are known by construction."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ import pandas as pd
 import pytest
 
 from mem1_core.evaluation.compare import append_night, compare_runs, plot_trend, previous_night
+from mem1_core.evaluation.headline import build_headline, cells_table, read_headline
 from mem1_core.evaluation.report import (
+    agent_rows,
+    comparison_rows,
     decimals,
     headline_markdown,
-    headline_rows,
+    headline_text,
     image_markdown,
-    paper_ratios,
     pm,
 )
 
@@ -49,25 +52,87 @@ def test_rounding_follows_the_standard_error():
     assert pm(0.6251, 0.25) == "0.6 ± 0.2"
 
 
-def test_the_headline_has_one_row_per_agent_and_a_cell_per_n():
-    rows = headline_rows(_table())
-    assert [r["agent"] for r in rows] == ["mem1-ppo", "full-ppo", "mem1-sft"]
-    assert rows[0]["N=16 EM"] == "0.80 ± 0.04" and rows[1]["N=16 peak"] == "16000"
+def test_the_headline_has_a_cell_per_agent_and_n_on_both_em_scales():
+    h = build_headline(_table())
+    assert h["objectives"] == [1, 2, 16] and h["agents"] == ["mem1-ppo", "full-ppo", "mem1-sft"]
+    cell = {(c["agent"], c["N"]): c for c in h["cells"]}
+    # the paper's scale: EM summed over the N objectives, its SE N times the fraction's
+    assert cell[("mem1-ppo", 16)]["em_sum"] == pytest.approx(0.8 * 16)
+    assert cell[("mem1-ppo", 16)]["em_sum_se"] == pytest.approx(0.04 * 16)
+    assert cell[("full-ppo", 16)]["peak_tokens"] == 16000
+    rows = agent_rows(h)
+    assert len(rows) == 9 and rows[0]["agent"] == "mem1-ppo" and rows[0]["N"] == "1"
+    r = next(r for r in rows if r["agent"] == "mem1-ppo" and r["N"] == "2")
+    assert r["EM fraction"] == "0.80 ± 0.04" and r["EM sum (0..N)"] == "1.60 ± 0.08"
 
 
-def test_the_paper_ratios_are_computed_from_the_table():
-    got = {r["ratio"]: r["value"] for r in paper_ratios(_table())}
-    assert got["MEM1 / full-context peak tokens at N=16"] == f"{300 / 16000:.2f}"
-    assert got["MEM1 peak tokens, N=16 / N=1"] == "1.00"
+def test_the_paper_comparisons_at_every_n_with_their_errors():
+    table = _table().assign(peak_tokens_se=lambda t: t["peak_tokens"] / 10)
+    h = build_headline(table)
+    got = {(c["comparison"], c["N"]): c for c in h["comparisons"]}
+    assert {n for _, n in got} == {1, 2, 16}  # every N, not only the largest
     se = math.hypot(0.04, 0.04)
-    assert got["RL − SFT EM fraction at N=16"] == pm(0.4, se)
+    for n in (1, 2, 16):
+        d = got[("mem1_minus_full_em", n)]
+        assert (d["value"], d["se"]) == (pytest.approx(0.3), pytest.approx(se))
+        assert (d["value_sum"], d["se_sum"]) == (pytest.approx(0.3 * n), pytest.approx(se * n))
+        assert got[("rl_minus_sft_em", n)]["value"] == pytest.approx(0.4)
+        # peak ratio 300 / (1000 n), each peak ±10 %: relative errors add in quadrature
+        ratio = got[("mem1_over_full_peak", n)]
+        assert ratio["value"] == pytest.approx(300 / (1000 * n))
+        assert ratio["se"] == pytest.approx(300 / (1000 * n) * math.hypot(0.1, 0.1))
+    rows = comparison_rows(h)
+    assert any(r["comparison"].startswith("MEM1 / full") and r["N"] == "16" for r in rows)
+
+
+def test_comparisons_need_both_agents():
+    only = _table()[_table()["agent"] != "full-ppo"]
+    names = {c["comparison"] for c in build_headline(only)["comparisons"]}
+    assert names == {"rl_minus_sft_em"}
+    # `mem1 evaluate --agent` names: the first `mem1*` agent under mem1, the first under full
+    renamed = _table().replace({"agent": {"mem1-ppo": "mem1-mine", "full-ppo": "mine-full"}})
+    assert build_headline(renamed)["roles"] == {
+        "mem1": "mem1-mine",
+        "full": "mine-full",
+        "sft": "mem1-sft",
+    }
+
+
+def test_an_old_run_without_headline_json_still_renders(tmp_path):
+    run = _run(tmp_path, "old", 1.0)  # eval/metrics.csv only, as runs wrote before
+    h = read_headline(run / "eval")
+    assert h == build_headline(pd.read_csv(run / "eval" / "metrics.csv"))
+    assert "mem1-ppo" in headline_text(h) and "MEM1 − full context" in headline_text(h)
+
+
+def test_the_old_table_functions_warn_and_render_the_one_headline():
+    from mem1_core.evaluation import report, scaling
+
+    with pytest.deprecated_call():
+        assert report.headline_rows(_table()) == agent_rows(build_headline(_table()))
+    with pytest.deprecated_call():
+        assert report.paper_ratios(_table()) == comparison_rows(build_headline(_table()))
+    with pytest.deprecated_call():
+        assert scaling.headline(_table()) == build_headline(_table())["cells"]
+    with pytest.deprecated_call():
+        old = scaling.ratios(_table(), "mem1-ppo", "full-ppo")
+    assert old["mem1_over_full_peak_at_nmax"] == pytest.approx(300 / 16000)
+    assert old["mem1_peak_nmax_over_n1"] == pytest.approx(1.0) and old["n_max"] == 16
+    with pytest.deprecated_call():
+        assert report.headline_markdown(_table()) == headline_markdown(build_headline(_table()))
+
+
+def test_the_headline_markdown_holds_no_raw_python():
+    md = headline_markdown(build_headline(_table()))
+    assert "{'" not in md and "Ratios:" not in md
+    assert "EM sum (0..N)" in md and "tasks with EM > 0" in md and "`squad`" in md
 
 
 def test_plots_are_inline_images(tmp_path):
     from mem1_core.evaluation.scaling import scaling_plots
 
     plots = scaling_plots(_table(), tmp_path)
-    md = headline_markdown(_table(), plots)
+    md = headline_markdown(build_headline(_table()), plots)
     uri = image_markdown(plots["em"], "em")
     assert uri in md and uri.startswith("![em](data:image/png;base64,")
     png = base64.b64decode(uri.split(",", 1)[1].rstrip(")"))
@@ -86,6 +151,7 @@ def test_compare_two_runs_side_by_side(tmp_path):
     r = next(r for r in rows if r["agent"] == "mem1-ppo" and r["N"] == 2)
     assert r["EM A"] == "0.80 ± 0.04" and r["EM B"] == "0.40 ± 0.04"
     assert r["B − A"] == pm(-0.4, math.hypot(0.04, 0.04))
+    assert r["EM sum A"] == "1.60 ± 0.08" and r["EM sum B"] == "0.80 ± 0.08"
     assert len(rows) == 9
 
 
@@ -104,14 +170,16 @@ def test_compare_cli(tmp_path, capsys):
 
 def test_the_nightly_trend_accumulates_and_compares_with_the_night_before(tmp_path):
     trend_csv = tmp_path / "nightly" / "trend.csv"
-    append_night(trend_csv, "2026-11-29", "ckpt-a", _table(0.5))
-    append_night(trend_csv, "2026-11-30", "ckpt-b", _table(1.0))
-    trend = append_night(trend_csv, "2026-11-30", "ckpt-b", _table(1.0))  # a rerun: no double
+    append_night(trend_csv, "2026-11-29", "ckpt-a", _table(0.5))  # a metrics table (old nights)
+    tonight = cells_table(build_headline(_table(1.0)))  # the headline's cells, as nights now do
+    append_night(trend_csv, "2026-11-30", "ckpt-b", tonight)
+    trend = append_night(trend_csv, "2026-11-30", "ckpt-b", tonight)  # a rerun: no double
     assert sorted(trend["night"].unique()) == ["2026-11-29", "2026-11-30"]
     assert len(trend) == 2 * 9
     rows = previous_night(trend, "2026-11-30")
     r = next(r for r in rows if r["agent"] == "full-ppo" and r["N"] == 1)
     assert r["previous"] == "0.25 ± 0.04" and r["change"] == pm(0.25, math.hypot(0.04, 0.04))
+    assert r["tonight EM sum"] == "0.50 ± 0.04"
     assert plot_trend(trend, tmp_path / "trend.png").read_bytes()[:4] == b"\x89PNG"
 
 

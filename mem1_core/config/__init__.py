@@ -9,10 +9,12 @@ line.
 - sections.py: world, data, retrieval, model, rollout, teacher;
 - training.py: sft, ppo (the algorithm), resources (Ray placement, learner strategy),
   pretrain;
+- evaluation.py: eval (the evaluation's scorer);
 - run.py: `Config`, all of them;
 - loader.py: profiles, YAML/CLI coercion, deprecated names.
 """
 
+from mem1_core.config.evaluation import SCORER_NAMES, EvalConfig
 from mem1_core.config.loader import (
     config_json,
     load_config,
@@ -33,8 +35,10 @@ from mem1_core.config.training import PPOConfig, PretrainConfig, ResourcesConfig
 
 __all__ = [
     "MEMORIES",
+    "SCORER_NAMES",
     "Config",
     "DataConfig",
+    "EvalConfig",
     "ModelConfig",
     "PPOConfig",
     "PretrainConfig",

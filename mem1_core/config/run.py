@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mem1_core.config.evaluation import EvalConfig
 from mem1_core.config.sections import (
     DataConfig,
     ModelConfig,
@@ -31,6 +32,7 @@ class Config(Section):
     ppo: PPOConfig = field(default_factory=PPOConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     @property
     def loss_scale_factor(self) -> float:

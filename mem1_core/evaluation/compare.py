@@ -2,9 +2,10 @@
 nightly evaluation's trend across nights (EM at each N for the newest checkpoint), with the
 change from the previous night.
 
-Both read only what runs already write: `<run>/eval/metrics.csv` (one row per agent and N,
-mem1_core.evaluation.scaling) and, for the trend, `<nightly_dir>/trend.csv`, which each
-night appends to atomically (a killed night leaves the previous trend intact).
+Both render what evaluations already write: `<run>/eval/headline.json` (one cell per agent
+and N, mem1_core.evaluation.headline; computed from `eval/metrics.csv` for a run written
+before it existed) and, for the trend, `<nightly_dir>/trend.csv`, to which each night appends
+its headline's cells atomically (a killed night leaves the previous trend intact).
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from mem1_core.evaluation.headline import cells_table, read_headline
 from mem1_core.evaluation.report import pm
 from mem1_core.runs import atomic
+from mem1_core.runs.layout import EVAL
 
 TREND_COLUMNS = [
     "night",
@@ -24,8 +27,12 @@ TREND_COLUMNS = [
     "n_objectives",
     "em_frac",
     "em_frac_se",
+    "em_sum",
+    "em_sum_se",
     "peak_tokens",
+    "peak_tokens_credited",
 ]
+"""trend.csv's columns (a trend begun before em_sum reads NaN there for its old nights)."""
 
 
 def read_metrics(run: str | Path) -> pd.DataFrame:
@@ -43,12 +50,12 @@ def read_metrics(run: str | Path) -> pd.DataFrame:
 
 
 def compare_runs(a: str | Path, b: str | Path) -> list[dict]:
-    """Rows (agent, N) present in either run: EM fraction ± SE and peak tokens of each, the
-    EM difference b − a with its standard error."""
-    ta, tb = read_metrics(a), read_metrics(b)
+    """Rows (agent, N) present in either run's headline: EM fraction ± SE, EM sum and peak
+    tokens of each, the EM difference b − a with its standard error."""
     keys = ["agent", "n_objectives"]
-    cols = ["em_frac", "em_frac_se", "peak_tokens"]
-    m = ta[keys + cols].merge(tb[keys + cols], on=keys, how="outer", suffixes=("_a", "_b"))
+    cols = ["em_frac", "em_frac_se", "em_sum", "em_sum_se", "peak_tokens"]
+    ta, tb = (cells_table(read_headline(Path(r) / EVAL))[keys + cols] for r in (a, b))
+    m = ta.merge(tb, on=keys, how="outer", suffixes=("_a", "_b"))
     rows = []
     for r in m.sort_values(keys).itertuples():
         row = {"agent": r.agent, "N": int(r.n_objectives)}
@@ -59,6 +66,8 @@ def compare_runs(a: str | Path, b: str | Path) -> list[dict]:
         else:
             se = math.hypot(_nan_zero(r.em_frac_se_a), _nan_zero(r.em_frac_se_b))
             row["B − A"] = pm(r.em_frac_b - r.em_frac_a, se or None)
+        row["EM sum A"] = "" if pd.isna(r.em_sum_a) else pm(r.em_sum_a, _nan_none(r.em_sum_se_a))
+        row["EM sum B"] = "" if pd.isna(r.em_sum_b) else pm(r.em_sum_b, _nan_none(r.em_sum_se_b))
         row["peak A"] = "" if pd.isna(r.peak_tokens_a) else f"{r.peak_tokens_a:.0f}"
         row["peak B"] = "" if pd.isna(r.peak_tokens_b) else f"{r.peak_tokens_b:.0f}"
         rows.append(row)
@@ -76,13 +85,16 @@ def _nan_zero(x) -> float:
 def append_night(
     trend_csv: str | Path, night: str, checkpoint: str, table: pd.DataFrame
 ) -> pd.DataFrame:
-    """Add one night's evaluation to the trend (replacing an earlier row of the same night,
-    so a rerun of a night does not count twice); returns the whole trend."""
+    """Add one night's evaluation (its headline's `cells_table`, or an eval/metrics table) to
+    the trend, replacing an earlier row of the same night so a rerun of a night does not count
+    twice; returns the whole trend."""
     path = Path(trend_csv)
     old = pd.read_csv(path) if path.is_file() else pd.DataFrame(columns=TREND_COLUMNS)
     new = table.assign(night=night, checkpoint=checkpoint)
-    if "em_frac_se" not in new:
-        new["em_frac_se"] = float("nan")
+    for col in TREND_COLUMNS:
+        if col not in new:  # a table older than the column
+            new[col] = float("nan")
+    old = old.reindex(columns=TREND_COLUMNS)
     trend = pd.concat([old[old["night"] != night], new[TREND_COLUMNS]], ignore_index=True)
     trend = trend.sort_values(["night", "agent", "n_objectives"], kind="stable")
     atomic.write_text(trend.to_csv(index=False), path)
@@ -99,6 +111,7 @@ def previous_night(trend: pd.DataFrame, night: str) -> list[dict]:
                 "agent": r.agent,
                 "N": int(r.n_objectives),
                 "tonight": pm(r.em_frac, _nan_none(r.em_frac_se)),
+                "tonight EM sum": _sum(r),
                 "previous": "",
                 "change": "",
             }
@@ -111,6 +124,7 @@ def previous_night(trend: pd.DataFrame, night: str) -> list[dict]:
             "agent": r.agent,
             "N": int(r.n_objectives),
             "tonight": pm(r.em_frac, _nan_none(r.em_frac_se)),
+            "tonight EM sum": _sum(r),
         }
         try:
             p = prev.loc[(r.agent, r.n_objectives)]
@@ -124,6 +138,10 @@ def previous_night(trend: pd.DataFrame, night: str) -> list[dict]:
             }
         rows.append(row)
     return rows
+
+
+def _sum(r) -> str:
+    return "" if pd.isna(r.em_sum) else pm(r.em_sum, _nan_none(r.em_sum_se))
 
 
 def plot_trend(trend: pd.DataFrame, path: str | Path) -> Path:

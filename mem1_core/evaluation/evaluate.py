@@ -4,8 +4,10 @@ dependency, inference time per task, format-error rate, turns used)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
+from mem1_core.evaluation.metrics import SCORERS
 from mem1_core.evaluation.summary import summarize
 from mem1_core.rollout.generation import HFBackend
 from mem1_core.rollout.loop import Task, rollout
@@ -40,7 +42,10 @@ def run_eval(
     memory: str,
     backend=None,
     progress: bool = False,
+    scorer: str = "squad",
 ) -> tuple[list[Trajectory], float]:
+    """Greedy rollout of `tasks`, each trajectory's objectives scored by `scorer`
+    (`eval.scorer`), and the rollout's wall time."""
     backend = backend or HFBackend(
         model,
         tokenizer.pad_token_id,
@@ -56,4 +61,15 @@ def run_eval(
     seconds = time.perf_counter() - t0
     if was_training:
         model.train()
-    return trajs, seconds
+    return rescore(trajs, scorer), seconds
+
+
+def rescore(trajs: list[Trajectory], scorer: str) -> list[Trajectory]:
+    """`trajs` with EM and F1 per objective from the scorer `scorer` (the rollout scored them
+    with the training reward, `squad`); the trajectories themselves are left as they were."""
+    score = SCORERS[scorer]
+    out = []
+    for t in trajs:
+        em, f1 = score(t.answer, t.golden_answers)
+        out.append(dataclasses.replace(t, em=em, f1=f1))
+    return out

@@ -1,20 +1,27 @@
-"""The headline a person reads at a glance: one table of agents × N (EM fraction ± standard
-error, peak tokens), rounded to what the noise supports, and the few ratios the paper
-reports (MEM1 / full-context peak tokens at the largest N, MEM1's peak growth from N=1,
-RL − SFT at the largest N). Plots go inline as `data:` URIs, so a Prefect markdown artifact
-or `summary.md` shows the picture, not a file path.
+"""Rendering the headline (mem1_core.evaluation.headline, computed once per evaluation) for a
+person: agents × N (EM fraction and EM sum ± standard error, peak tokens both ways) and the
+paper's comparisons at every N, rounded to what the noise supports, as markdown (summary.md,
+Prefect artifacts) or aligned text (a terminal). Plots go inline as `data:` URIs, so a
+Prefect markdown artifact or `summary.md` shows the picture, not a file path. Nothing here
+computes a number the headline does not hold.
 """
 
 from __future__ import annotations
 
 import base64
 import math
+import warnings
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
-MEM1, FULL, SFT, BASE = "mem1-ppo", "full-ppo", "mem1-sft", "warm-start"
-"""The agent names the pipeline gives its arms (mem1_core.evaluation.agents)."""
+from mem1_core.evaluation.headline import FULL, MEM1, SFT, build_headline  # noqa: F401
+
+BASE = "warm-start"
+"""Kept, with MEM1, FULL and SFT (re-exported from mem1_core.evaluation.headline), for one
+release: the agent names this module used to define."""
 
 
 def decimals(se: float) -> int:
@@ -33,67 +40,58 @@ def pm(mean: float, se: float | None) -> str:
     return f"{mean:.{d}f} ± {se:.{d}f}"
 
 
-def _se(row) -> float | None:
-    se = getattr(row, "em_frac_se", None)
-    return None if se is None or (isinstance(se, float) and math.isnan(se)) else float(se)
+def _pm_or_dash(mean: float | None, se: float | None) -> str:
+    return "—" if mean is None else pm(mean, se)
 
 
-def headline_rows(table: pd.DataFrame) -> list[dict]:
-    """One row per agent: `N=k EM` (fraction ± SE) and `N=k peak` (mean peak tokens)."""
-    rows = []
-    ns = sorted(int(n) for n in table["n_objectives"].unique())
-    for agent, g in table.groupby("agent", sort=False):
-        by_n = {int(r.n_objectives): r for r in g.itertuples()}
-        row: dict = {"agent": agent, "memory": g["policy"].iloc[0]}
-        for n in ns:
-            r = by_n.get(n)
-            row[f"N={n} EM"] = pm(r.em_frac, _se(r)) if r is not None else ""
-        for n in ns:
-            r = by_n.get(n)
-            row[f"N={n} peak"] = f"{r.peak_tokens:.0f}" if r is not None else ""
-        rows.append(row)
-    return rows
+def _tokens(x: float | None) -> str:
+    return "—" if x is None else f"{x:,.0f}"
 
 
-def paper_ratios(table: pd.DataFrame) -> list[dict]:
-    """The paper's comparisons at the largest N, each with what it is computed from."""
-    t = table.set_index(["agent", "n_objectives"])
-    ns = sorted(int(n) for n in table["n_objectives"].unique())
-    big, small = ns[-1], ns[0]
-    out = []
+def agent_rows(headline: Mapping[str, Any]) -> list[dict[str, str]]:
+    """Agents × N, one row per agent and N (in the headline's order): EM as a fraction and
+    summed over objectives (the paper's 0..N scale), ± standard error, and peak tokens
+    averaged both ways."""
+    return [
+        {
+            "agent": c["agent"],
+            "memory": c["memory"] or "",
+            "N": str(c["N"]),
+            "EM fraction": _pm_or_dash(c["em_frac"], c["em_frac_se"]),
+            "EM sum (0..N)": _pm_or_dash(c["em_sum"], c["em_sum_se"]),
+            "peak, all tasks": _tokens(c["peak_tokens"]),
+            PEAK_CREDITED: _tokens(c.get("peak_tokens_credited")),
+        }
+        for c in headline["cells"]
+    ]
 
-    def get(agent: str, n: int, col: str) -> float | None:
-        try:
-            v = t.loc[(agent, n), col]
-        except KeyError:
-            return None
-        return None if pd.isna(v) else float(v)
 
-    p_m, p_f = get(MEM1, big, "peak_tokens"), get(FULL, big, "peak_tokens")
-    if p_m and p_f:
-        out.append(
-            {"ratio": f"MEM1 / full-context peak tokens at N={big}", "value": f"{p_m / p_f:.2f}"}
-        )
-    p_1 = get(MEM1, small, "peak_tokens")
-    if p_m and p_1:
-        out.append({"ratio": f"MEM1 peak tokens, N={big} / N={small}", "value": f"{p_m / p_1:.2f}"})
-    for n in (big, *[n for n in ns if n >= 4 and n != big]):
-        rl, sft = get(MEM1, n, "em_frac"), get(SFT, n, "em_frac")
-        if rl is None or sft is None:
-            continue
-        se = math.hypot(get(MEM1, n, "em_frac_se") or 0.0, get(SFT, n, "em_frac_se") or 0.0)
-        out.append({"ratio": f"RL − SFT EM fraction at N={n}", "value": pm(rl - sft, se or None)})
-        break
-    em_m, em_f = get(MEM1, big, "em_frac"), get(FULL, big, "em_frac")
-    if em_m is not None and em_f is not None:
-        se = math.hypot(get(MEM1, big, "em_frac_se") or 0.0, get(FULL, big, "em_frac_se") or 0.0)
-        out.append(
-            {
-                "ratio": f"MEM1 − full-context EM fraction at N={big}",
-                "value": pm(em_m - em_f, se or None),
-            }
-        )
-    return out
+PEAK_CREDITED = "peak, tasks with EM > 0 (paper)"
+"""The column of the paper's average (MIT-MI/MEM1 inference/eval.py skips tasks without EM)."""
+
+
+def comparison_rows(headline: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The paper's comparisons at every N: value ± standard error (an EM difference also on
+    the 0..N scale)."""
+    return [
+        {
+            "comparison": c["label"],
+            "N": str(c["N"]),
+            "value": pm(c["value"], c["se"]),
+            "EM sum difference": (
+                pm(c["value_sum"], c["se_sum"]) if c.get("value_sum") is not None else ""
+            ),
+            "agents": f"{c['a']} vs {c['b']}",
+        }
+        for c in headline["comparisons"]
+    ]
+
+
+def scorer_line(headline: Mapping[str, Any]) -> str:
+    return (
+        f"Scored with `{headline.get('scorer', 'squad')}` (eval.scorer); EM sum = EM fraction × "
+        "N, the paper's scale. Comparisons' errors treat the agents as independent (conservative)."
+    )
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -122,15 +120,55 @@ def image_markdown(path: str | Path, alt: str) -> str:
     return f"![{alt}](data:image/png;base64,{data})"
 
 
-def headline_markdown(table: pd.DataFrame, plots: dict[str, str | Path] | None = None) -> str:
-    """The headline section of `summary.md` and the `mem1-headline` artifact."""
+def headline_markdown(
+    headline: Mapping[str, Any], plots: Mapping[str, str | Path] | None = None
+) -> str:
+    """The headline section of `summary.md` and the `mem1-headline` artifact. (A DataFrame
+    in place of the headline, the old signature, still works for one release.)"""
+    headline = _headline_of(headline, "headline_markdown")
     parts = [
-        "## Agents × N (EM fraction ± standard error; mean peak tokens)\n",
-        markdown_table(headline_rows(table)),
-        "\n## The paper's comparisons\n",
-        markdown_table(paper_ratios(table)),
+        "## Agents × N\n\n",
+        scorer_line(headline) + "\n\n",
+        markdown_table(agent_rows(headline)),
     ]
+    if headline["comparisons"]:
+        parts += ["\n## The paper's comparisons, at every N\n\n"]
+        parts += [markdown_table(comparison_rows(headline))]
     for name, path in (plots or {}).items():
         if Path(path).exists():
             parts.append(f"\n### {name}\n\n{image_markdown(path, name)}\n")
     return "".join(parts)
+
+
+def headline_text(headline: Mapping[str, Any]) -> str:
+    """The same for a terminal: agents × N, then the comparisons."""
+    text = text_table(agent_rows(headline))
+    if headline["comparisons"]:
+        text += "\n" + text_table(comparison_rows(headline))
+    return text
+
+
+# ---- deprecated: the headline computed from a table, in several places ----------------------
+
+
+def _headline_of(x: Any, name: str) -> Mapping[str, Any]:
+    if isinstance(x, pd.DataFrame):
+        warnings.warn(
+            f"{name}(table) is deprecated: pass the headline "
+            "(mem1_core.evaluation.headline.build_headline / read_headline); the table will stop "
+            "working in the next release",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return build_headline(x)
+    return x
+
+
+def headline_rows(table: pd.DataFrame) -> list[dict[str, str]]:
+    """Deprecated: `agent_rows(build_headline(table))`."""
+    return agent_rows(_headline_of(table, "headline_rows"))
+
+
+def paper_ratios(table: pd.DataFrame) -> list[dict[str, str]]:
+    """Deprecated: `comparison_rows(build_headline(table))` (now at every N)."""
+    return comparison_rows(_headline_of(table, "paper_ratios"))

@@ -6,6 +6,7 @@ trajectory to Parquet, the metrics table to Parquet and CSV, and the plots a rea
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from mem1_core.evaluation.evaluate import run_eval  # noqa: E402
+from mem1_core.evaluation.headline import build_headline  # noqa: E402
 from mem1_core.evaluation.summary import summarize  # noqa: E402
 from mem1_core.rollout.loop import Task  # noqa: E402
 from mem1_core.runs import atomic  # noqa: E402
@@ -41,8 +43,10 @@ def evaluate_scaling(
     rollout_cfg,
     out_dir: str | Path,
     progress: bool = True,
+    scorer: str = "squad",
 ) -> pd.DataFrame:
-    """Every agent on every N; writes trajectories/<agent>_n<N>.parquet and metrics.{parquet,csv}."""
+    """Every agent on every N, answers scored by `scorer`; writes
+    trajectories/<agent>_n<N>.parquet and metrics.{parquet,csv}."""
     out = Path(out_dir)
     rows = []
     total = len(agents) * sum(len(t) for t in tasks_by_n.values())
@@ -61,6 +65,7 @@ def evaluate_scaling(
                 memory=agent.memory,
                 backend=agent.backend,
                 progress=progress,
+                scorer=scorer,
             )
             write_trajectories(trajs, out / "trajectories" / f"{agent.name}_n{n}.parquet")
             rows.append(
@@ -69,6 +74,7 @@ def evaluate_scaling(
                     "memory": agent.memory,
                     "policy": agent.memory,  # the column's old name, for one release
                     "n_objectives": n,
+                    "scorer": scorer,
                     **summarize(trajs, seconds),
                 }
             )
@@ -217,33 +223,40 @@ def read_jsonl(path: str | Path) -> list[dict]:
     return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
 
 
+# ---- deprecated: the headline is mem1_core.evaluation.headline.build_headline -------------
+
+
 def headline(table: pd.DataFrame) -> list[dict]:
-    """EM and peak tokens per N and agent, plus the two ratios the issue asks for."""
-    rows = [
-        {
-            "agent": r.agent,
-            "N": int(r.n_objectives),
-            "em_sum": round(r.em_sum, 3),
-            "em_frac": round(r.em_frac, 3),
-            "peak_tokens": round(r.peak_tokens, 1),
-        }
-        for r in table.itertuples()
-    ]
-    return rows
+    """Deprecated: `build_headline(table)["cells"]` (the same keys, and more)."""
+    _deprecated("headline(table)", 'build_headline(table)["cells"]')
+    return build_headline(table)["cells"]
 
 
 def ratios(table: pd.DataFrame, mem1: str, full: str) -> dict[str, float | None]:
-    """MEM1 / full-context peak tokens at the largest N, and MEM1's largest-N / N=1 peak."""
-    t = table.set_index(["agent", "n_objectives"])["peak_tokens"]
-    ns = sorted(table["n_objectives"].unique())
-    big, small = ns[-1], ns[0]
-    out: dict[str, float | None] = {"n_max": int(big)}
-    try:
-        out["mem1_over_full_peak_at_nmax"] = float(t[(mem1, big)] / t[(full, big)])
-    except KeyError:
-        out["mem1_over_full_peak_at_nmax"] = None
-    try:
-        out["mem1_peak_nmax_over_n1"] = float(t[(mem1, big)] / t[(mem1, small)])
-    except KeyError:
-        out["mem1_peak_nmax_over_n1"] = None
-    return out
+    """Deprecated: the `mem1_over_full_peak` comparison of `build_headline`, now at every N."""
+    _deprecated("ratios(table, mem1, full)", 'build_headline(table)["comparisons"]')
+    h = build_headline(table, roles={"mem1": mem1, "full": full})
+    big = h["objectives"][-1]
+    peak = {(c["agent"], c["N"]): c["peak_tokens"] for c in h["cells"]}
+    at_big = [
+        c["value"]
+        for c in h["comparisons"]
+        if c["comparison"] == "mem1_over_full_peak" and c["N"] == big
+    ]
+    small = peak.get((mem1, h["objectives"][0]))
+    return {
+        "n_max": int(big),
+        "mem1_over_full_peak_at_nmax": at_big[0] if at_big else None,
+        "mem1_peak_nmax_over_n1": peak[(mem1, big)] / small
+        if small and peak.get((mem1, big)) is not None
+        else None,
+    }
+
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(
+        f"mem1_core.evaluation.scaling.{old} is deprecated: use "
+        f"mem1_core.evaluation.headline.{new}; it will be removed in the next release",
+        DeprecationWarning,
+        stacklevel=3,
+    )

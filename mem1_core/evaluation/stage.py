@@ -1,12 +1,14 @@
 """The evaluation stage of a run: load saved policies, run the objective-scaling evaluation,
-write the table and plots, and compute the headline ratios."""
+write the table, the plots and the headline (eval/headline.json)."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
-from mem1_core.evaluation.scaling import Agent, evaluate_scaling, headline, ratios, scaling_plots
+from mem1_core.evaluation.headline import build_headline, write_headline
+from mem1_core.evaluation.samples import write_samples
+from mem1_core.evaluation.scaling import Agent, evaluate_scaling, scaling_plots
 from mem1_core.models.model import load_model
 from mem1_core.rollout.teacher import ScriptedTeacher, can_play
 from mem1_core.runs import atomic
@@ -53,8 +55,10 @@ def run_objective_scaling(
     objectives: tuple[int, ...] | None = None,
     progress: bool = True,
 ) -> dict:
-    """agents: (name, policy_dir, memory policy). Returns table rows, ratios, plot paths.
-    `teacher` adds the scripted teacher's rows where it can play the tasks (the world's)."""
+    """agents: (name, policy_dir, memory policy). Writes `out_dir`'s trajectories, metrics,
+    plots, headline.json and samples/<agent>.md (mem1_core.evaluation.samples); returns the headline's cells (`headline`) and comparisons, and
+    the paths. `teacher` adds the scripted teacher's rows where it can play the tasks (the
+    world's). (`ratios`, the comparisons at the largest N, goes in the next release.)"""
     # Every agent reads with its own tokenizer: the run adopts theirs (all must agree).
     for _name, path, _memory in agents:
         adopt_init_tokenizer(cfg, RunPaths(Path(run_dir).resolve()), Path(path))
@@ -79,18 +83,25 @@ def run_objective_scaling(
         built.append(Agent("teacher", "mem1", None, ScriptedTeacher(tok, every)))
         built.append(Agent("teacher-full", "full", None, ScriptedTeacher(tok, every)))
     out = Path(out_dir)
-    table = evaluate_scaling(built, tok, env, tasks_by_n, cfg.rollout, out, progress=progress)
+    table = evaluate_scaling(
+        built, tok, env, tasks_by_n, cfg.rollout, out, progress=progress, scorer=cfg.eval.scorer
+    )
     plots = scaling_plots(table, out)
-    names = {a.name: a.memory for a in built}
-    mem1 = next((n for n in names if n.startswith("mem1")), None)
-    full = next((n for n, p in names.items() if p == "full"), None)
-    rat = ratios(table, mem1, full) if mem1 and full else {}
-    if teacher:
-        rat |= {f"teacher_{k}": v for k, v in ratios(table, "teacher", "teacher-full").items()}
+    samples = write_samples(
+        out, {a.name: a.memory for a in built}, ns, {t.task_id: t.questions for t in every}
+    )
+    headline = build_headline(table, cfg.eval.scorer)
+    big = headline["objectives"][-1]
     result = {
-        "headline": headline(table),
-        "ratios": rat,
+        "headline": headline["cells"],
+        "comparisons": headline["comparisons"],
+        "headline_json": str(write_headline(headline, out)),
+        "scorer": cfg.eval.scorer,
+        # deprecated, for one release: the comparisons at the largest N, name -> value
+        "ratios": {"n_max": big}
+        | {c["comparison"]: c["value"] for c in headline["comparisons"] if c["N"] == big},
         "plots": {k: str(v) for k, v in plots.items()},
+        "samples": {agent: str(path) for agent, path in samples.items()},
         "table": str(out / "metrics.csv"),
     }
     atomic.write_json(result, out / "summary.json")

@@ -33,6 +33,11 @@ def summarize(trajs: Sequence[Trajectory], seconds: float | None = None) -> dict
         "turns": turns / n,
         "recalls": sum(recall_count(t) for t in trajs) / n,  # 0 but under mem1+recall
         "peak_tokens": sum(t.peak_tokens for t in trajs) / n,
+        "peak_tokens_se": _standard_error([float(t.peak_tokens) for t in trajs]),
+        # MIT-MI/MEM1 inference/eval.py averages peak tokens only over tasks with EM > 0 (its
+        # compute_peak_token_* return None otherwise): the paper's figure, kept beside ours
+        "peak_tokens_credited": _mean([float(t.peak_tokens) for t in trajs if t.em_sum > 0]),
+        "credited_tasks": sum(t.em_sum > 0 for t in trajs),
         "peak_tokens_max": max((t.peak_tokens for t in trajs), default=0),
         "dependency": sum(t.dependency for t in trajs) / n,
         "gen_tokens": float(sum(len(x.gen_ids) for t in trajs for x in t.turns)),
@@ -40,6 +45,11 @@ def summarize(trajs: Sequence[Trajectory], seconds: float | None = None) -> dict
     if seconds is not None:
         out["seconds_per_task"] = seconds / n
     return out
+
+
+def _mean(xs: list[float]) -> float:
+    """The mean (NaN for none: no task to average over, not a peak of 0)."""
+    return sum(xs) / len(xs) if xs else float("nan")
 
 
 def _standard_error(xs: list[float]) -> float:

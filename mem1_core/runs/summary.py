@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from mem1_core.runs.layout import EVAL
+
 PLOTS = {
     "EM fraction vs N": ("eval", "em.png"),
     "peak tokens vs N": ("eval", "peak_tokens.png"),
@@ -17,26 +19,27 @@ PLOTS = {
 
 
 def run_headline(run_dir: str | Path, outputs: Mapping[str, Any]) -> dict[str, Any]:
-    """What a person reads first: agents × N (EM fraction ± SE, peak tokens), the paper's
-    ratios, the plots and where the W&B runs are. Empty when no evaluation ran."""
-    from mem1_core.evaluation.compare import read_metrics
-    from mem1_core.evaluation.report import headline_rows, paper_ratios, text_table
+    """What a person reads first, for summary.json: the evaluation's headline
+    (`eval_headline`, eval/headline.json; computed from eval/metrics.csv for a run written
+    before it existed) and its renderings (`agents`, `comparisons`, `headline_text`), the
+    plots and where the W&B runs are. No headline keys when no evaluation ran. (`ratios`, the
+    comparison rows under their old key, goes in the next release.)"""
+    from mem1_core.evaluation.headline import read_headline
+    from mem1_core.evaluation.report import agent_rows, comparison_rows, headline_text
 
     root = Path(run_dir)
     out: dict[str, Any] = {
         "plots": {k: str(root / d / f) for k, (d, f) in PLOTS.items() if (root / d / f).is_file()},
         "wandb": _wandb_runs(outputs),
     }
-    if not (root / "eval" / "metrics.csv").is_file():
+    try:
+        headline = read_headline(root / EVAL)
+    except FileNotFoundError:
         return out
-    table = read_metrics(root)
-    out["agents"] = headline_rows(table)
-    out["ratios"] = paper_ratios(table)
-    out["headline_text"] = (
-        text_table(out["agents"]) + "\n" + text_table(out["ratios"])
-        if out["ratios"]
-        else text_table(out["agents"])
-    )
+    out["eval_headline"] = headline
+    out["agents"] = agent_rows(headline)
+    out["comparisons"] = out["ratios"] = comparison_rows(headline)
+    out["headline_text"] = headline_text(headline)
     return out
 
 
@@ -56,21 +59,21 @@ def _wandb_runs(outputs: Mapping[str, Any]) -> list[dict]:
 
 
 def render_headline(summary: Mapping[str, Any], images: bool = True) -> str:
-    """The compact headline: the agents × N table, the ratios, optionally the plots inline."""
-    from mem1_core.evaluation.report import image_markdown, markdown_table
+    """The compact headline of a summary: its evaluation's headline rendered (agents × N, the
+    comparisons), optionally the plots inline, and the W&B runs."""
+    from mem1_core.evaluation.report import headline_markdown, image_markdown
 
-    lines = [
-        "## Agents × N",
-        "",
-        "EM fraction ± standard error over held-out tasks (entities no training task mentions),"
-        " greedy; mean peak tokens per task.",
-        "",
-        markdown_table(summary.get("agents") or []),
-    ]
-    if summary.get("ratios"):
-        lines += ["## The paper's comparisons", "", markdown_table(summary["ratios"])]
-    if images:
-        for name, path in (summary.get("plots") or {}).items():
+    headline = summary.get("eval_headline")
+    plots = (summary.get("plots") or {}) if images else {}
+    lines = []
+    if headline is not None:
+        lines += [
+            "EM over held-out tasks (entities no training task mentions), greedy.",
+            "",
+            headline_markdown(headline, plots),
+        ]
+    else:
+        for name, path in plots.items():
             if Path(path).is_file():
                 lines += [f"### {name}", "", image_markdown(path, name), ""]
     for w in summary.get("wandb") or []:
@@ -101,7 +104,7 @@ def render_summary(summary: Mapping[str, Any]) -> str:
             lines.append(f"| {name} | not built yet | |")
         else:
             lines.append(f"| {name} | not run | |")
-    if summary.get("agents") or summary.get("plots"):
+    if summary.get("eval_headline") or summary.get("plots"):
         lines += ["", render_headline(summary)]
     rows = summary["headline_rows"]
     lines += ["", "<details><summary>Every stage's numbers</summary>", ""]
