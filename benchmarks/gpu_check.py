@@ -37,6 +37,7 @@ import torch  # noqa: E402
 from benchmarks.gpu import (  # noqa: E402
     exactness,
     ppo,
+    smol,
     text_stops,
     train_step,
     vllm_agreement,
@@ -48,6 +49,7 @@ SECTIONS: dict[str, Callable[[Check], None]] = {
     "exactness": exactness.run,
     "train_step": train_step.run,
     "ppo": ppo.run,
+    "smol": smol.run,
     "text_stops": text_stops.run,
     "vllm": vllm_agreement.run,
     "vllm_deployment": vllm_deployment.run,

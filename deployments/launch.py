@@ -293,8 +293,6 @@ def headline_table(summary: dict[str, Any]) -> str:
     lines = [f"mem1 run {summary['run_name']} ({summary['profile']}): {summary['status']}", ""]
     lines += [fmt.format(*head), fmt.format(*("-" * w for w in widths))]
     lines += [fmt.format(*r) for r in rows]
-    if summary.get("not_built"):
-        lines += ["", "not built yet (no results): " + ", ".join(summary["not_built"])]
     if summary.get("failed_stage"):
         lines += ["", f"failed in stage {summary['failed_stage']}"]
     return "\n".join(lines)

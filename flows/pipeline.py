@@ -3,10 +3,10 @@
 `mem1` runs the stages of `PIPELINE` in order — compose tasks → build the index → warm
 start → train (PPO and the baselines) → objective-scaling evaluation → ablation summary —
 each a subflow from its own module, all writing under one run directory
-`runs_root/<run_name>`. A stage is built when it has an adapter in `STAGES` (one line); a
-stage that is not built yet is reported as such. The summary artifact, `summary.json` /
-`summary.md` in the run directory and the returned headline are built only from the stages
-that actually ran, so a partial pipeline never reads as a finished one.
+`runs_root/<run_name>`; each stage's adapter (one line) is in `STAGES`. The summary
+artifact, `summary.json` / `summary.md` in the run directory and the returned headline are
+built only from the stages that actually ran, so a failed pipeline never reads as a finished
+one.
 
 `mem1-nightly-eval` finds the newest checkpoint under a runs root
 (mem1_core.runs.layout.newest_checkpoint_under) and evaluates it under the memory policy its
@@ -208,7 +208,7 @@ STAGES: dict[str, Stage] = {
     "evaluate-objective-scaling": _evaluate,
     "ablation-summary": _ablation,
 }
-"""The built stages: name -> adapter."""
+"""Every stage's adapter: name -> adapter (the keys are PIPELINE's)."""
 
 
 # ---- run directory and summary ------------------------------------------------------------
@@ -289,9 +289,7 @@ def mem1(
             # run on a laptop); they are stopped once the last of them is done.
             actors.enter_context(reuse_actors())
             for name in PIPELINE:
-                stage = STAGES.get(name)
-                if stage is None:
-                    continue
+                stage = STAGES[name]
                 ctx = RunContext(
                     profile, config_path, list(overrides or []), run_dir, dict(results)
                 )
@@ -313,7 +311,6 @@ def mem1(
             "status": "failed" if failed else "completed",
             "pipeline": list(PIPELINE),
             "stages_run": list(results),
-            "not_built": [n for n in PIPELINE if n not in STAGES],
             "failed_stage": failed,
             "error": error,
             "seconds": seconds,
@@ -340,7 +337,6 @@ def mem1(
             "profile",
             "status",
             "stages_run",
-            "not_built",
             "seconds",
             "headline",
         )

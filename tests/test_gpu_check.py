@@ -56,6 +56,7 @@ def test_cpu_quick_mode_end_to_end(tmp_path):
             assert "not available" in by[name]["skipped"]
     assert by["summary"] == {"check": "summary", "failed": [], "ok": True}
     assert "CUDA only" in by["vllm_deployment"]["skipped"]
+    assert by["smol"] == {"check": "smol", "skipped": "CUDA only (an hour on a CPU)"}
 
 
 def test_the_deployment_vllm_section_never_runs_on_a_cpu(tmp_path):

@@ -17,13 +17,23 @@ from mem1_core.rl.losses import (
     clipped_policy_loss,
     clipped_value_loss,
     entropy_bonus,
-    entropy_from_logits,
     explained_variance,
     gspo_policy_loss,
     kl_loss,
-    token_logprobs,
     token_mean,
 )
+from mem1_core.trajectory.logprobs import entropy_of
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[token] in float32 at least: what the trainer computes over the tree
+    (mem1_core.trajectory.logprobs), written here over plain logits for synthetic batches."""
+    return torch.log_softmax(logits.float(), -1).gather(-1, tokens[..., None])[..., 0]
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """The trainer's entropy (mem1_core.trajectory.logprobs.entropy_of) of softmax(logits)."""
+    return entropy_of(torch.log_softmax(logits.float(), -1))
 
 
 @pytest.fixture

@@ -72,7 +72,6 @@ def evaluate_scaling(
                 {
                     "agent": agent.name,
                     "memory": agent.memory,
-                    "policy": agent.memory,  # the column's old name, for one release
                     "n_objectives": n,
                     "scorer": scorer,
                     **summarize(trajs, seconds),

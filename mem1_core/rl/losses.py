@@ -130,26 +130,6 @@ def token_mean(x: Tensor, loss_mask: Tensor, normalizer: Normalizer = None) -> T
     return agg_loss(x, loss_mask, "token-mean", _as_agg(normalizer).tokens)
 
 
-def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
-    """log softmax(logits)[token], logits already aligned to the token they score. logits: (B, L, V), tokens: (B, L) -> (B, L).
-
-    Computed in float32 at least; tokens at environment positions must still be valid ids."""
-    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
-    picked = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(logits, dim=-1)
-
-
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Entropy of softmax(logits). logits: (B, L, V) -> (B, L).
-
-    Safe with -inf logits (banned tokens): 0 * log 0 is taken as 0 in value and gradient."""
-    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
-    logp = torch.log_softmax(logits, dim=-1)
-    p = logp.exp()
-    # Double-where: p * where(p > 0, logp, 0) keeps -inf out of both passes.
-    return -(p * torch.where(p > 0, logp, 0)).sum(-1)
-
-
 def entropy_bonus(entropy: Tensor, loss_mask: Tensor, normalizer: Normalizer = None) -> Tensor:
     """Aggregated entropy over generated tokens; subtract coef * this from the loss. entropy, loss_mask: (B, L) -> scalar."""
     return _agg(entropy, loss_mask, normalizer)

@@ -100,8 +100,6 @@ def render_summary(summary: Mapping[str, Any]) -> str:
         if name in summary["seconds"]:
             state = "failed" if name == summary.get("failed_stage") else "ran"
             lines.append(f"| {name} | {state} | {summary['seconds'][name]:.1f} |")
-        elif name in summary["not_built"]:
-            lines.append(f"| {name} | not built yet | |")
         else:
             lines.append(f"| {name} | not run | |")
     if summary.get("eval_headline") or summary.get("plots"):
@@ -114,13 +112,6 @@ def render_summary(summary: Mapping[str, Any]) -> str:
     else:
         lines.append("No stage produced numbers.")
     lines += ["", "</details>"]
-    if summary["not_built"]:
-        lines += [
-            "",
-            "Stages not built yet (no results, nothing pretended): "
-            + ", ".join(summary["not_built"])
-            + ".",
-        ]
     if summary.get("error"):
         lines += [
             "",

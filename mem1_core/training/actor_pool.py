@@ -52,10 +52,6 @@ def reuse_actors() -> Iterator[None]:
                 log.exception("stopping parked Ray actors failed")
 
 
-def keeping() -> bool:
-    return _parked is not None
-
-
 def park(key: tuple, runtime: Any) -> bool:
     """Keep `runtime` for a later `take(key)`; False (keep nothing) outside `reuse_actors()`.
     A runtime already parked under the same key is shut down: one per shape is enough."""

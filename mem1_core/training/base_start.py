@@ -42,7 +42,7 @@ def start_from_base(cfg, out_dir: str | Path, assets_dir: str | Path, *, memory:
     summary = {
         "objectives": [n],
         "eval_objectives": n,
-        "policy": memory,
+        "memory": memory,
         "base": str(base),
         "base_commit": manifest.get("code_commit"),
         "base_minutes": manifest.get("minutes"),

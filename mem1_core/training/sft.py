@@ -353,7 +353,6 @@ def train_sft(
         "objectives": list(ns),
         "eval_objectives": ns[-1],
         "memory": memory,
-        "policy": memory,  # the key's old name, for one release
         "teacher_trajectories": len(trajs),
         "teacher_worlds": len(sources),
         "teacher_reward": sum(t.reward for t in trajs) / len(trajs),

@@ -144,8 +144,17 @@ def logprobs_from_hidden(
     logp = zeros.index_put((rows, cols), logp_all.gather(-1, input_ids[rows, cols, None])[:, 0])
     entropy = None
     if with_entropy:
-        entropy = zeros.index_put((rows, cols), -(logp_all.exp() * logp_all).sum(-1))
+        entropy = zeros.index_put((rows, cols), entropy_of(logp_all))
     return logp, entropy
+
+
+def entropy_of(logp: Tensor) -> Tensor:
+    """Entropy of a distribution given as log-probs. logp: (..., V) -> (...).
+
+    Safe with -inf log-probs (banned tokens): 0 * log 0 is taken as 0 in value and gradient
+    (a double where: p * where(p > 0, logp, 0) keeps -inf out of both passes)."""
+    p = logp.exp()
+    return -(p * torch.where(p > 0, logp, 0)).sum(-1)
 
 
 def tree_hidden(
