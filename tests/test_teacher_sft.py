@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import pytest
 import torch
@@ -12,7 +13,13 @@ from mem1_core.models.model import build_tiny_model
 from mem1_core.rollout.env import QAEnvironment
 from mem1_core.rollout.loop import rollout
 from mem1_core.rollout.teacher import ScriptedTeacher
-from mem1_core.training.sft import lr_at, sft_loss, teacher_trajectories, train_on_trajectories
+from mem1_core.training.sft import (
+    eval_steps,
+    lr_at,
+    sft_loss,
+    teacher_trajectories,
+    train_on_trajectories,
+)
 from mem1_core.trajectory.logprobs import per_turn_logprobs
 from mem1_core.trajectory.record import Action, turn_paths
 from mem1_core.trajectory.tree import flatten
@@ -246,13 +253,8 @@ def test_sft_lowers_the_loss_on_teacher_trajectories(small_tasks, small_tokenize
     assert result.steps == 30 and after < before - 1.0
 
 
-def test_held_out_evaluations_do_not_eat_the_sft_budget(
-    small_tasks, small_tokenizer, env, monkeypatch
-):
-    """The budget is training time: an evaluation after every step that takes 1 s would
-    stop a 2-second budget after two steps if it counted; all six steps run. On a clock of
-    the test's own (each reading 1 ms on, an evaluation 1 s), so a loaded machine cannot
-    decide it."""
+def _fake_clock(monkeypatch, tick: float) -> list[float]:
+    """sft's clock, on the test's own: each reading `tick` seconds on."""
     import types
 
     from mem1_core.training import sft
@@ -260,10 +262,20 @@ def test_held_out_evaluations_do_not_eat_the_sft_budget(
     clock = [0.0]
 
     def perf_counter() -> float:
-        clock[0] += 1e-3
+        clock[0] += tick
         return clock[0]
 
     monkeypatch.setattr(sft, "time", types.SimpleNamespace(perf_counter=perf_counter))
+    return clock
+
+
+def test_held_out_evaluations_do_not_eat_the_sft_cap(
+    small_tasks, small_tokenizer, env, monkeypatch
+):
+    """The cap is training time: an evaluation after every step that takes 1 s would stop a
+    2-second cap after two steps if it counted; all six steps run. On a clock of the test's
+    own (each reading 1 ms on, an evaluation 1 s), so a loaded machine cannot decide it."""
+    clock = _fake_clock(monkeypatch, 1e-3)
     trajs = teacher_trajectories(small_tasks[:8], small_tokenizer, env, CFG, memory="mem1")
     calls = []
 
@@ -281,11 +293,79 @@ def test_held_out_evaluations_do_not_eat_the_sft_budget(
         minutes=2.0 / 60,
         max_steps=6,
         eval_fn=slow_eval,
-        eval_every_minutes=1e-6,
+        evals=5,
         progress=False,
     )
-    assert result.steps == 6 and len(calls) >= 5
-    assert result.seconds < 2.0 + 1.0  # training time, not the 5+ seconds of evaluations
+    assert result.steps == 6 and len(calls) == 5 and result.stopped_by == "count"
+    assert result.seconds < 2.0 + 1.0  # training time, not the 5 seconds of evaluations
+    assert [r["step"] for r in result.curve] == [1, 2, 3, 4, 5, 6]
+    assert result.curve[-1]["stopped_by"] == "count"
+
+
+def test_evaluations_fall_on_evenly_spaced_steps():
+    assert eval_steps(100, 4) == {20, 40, 60, 80}
+    assert eval_steps(41, 4) == {8, 16, 25, 33}
+    assert eval_steps(6, 5) == {1, 2, 3, 4, 5}
+    assert eval_steps(3, 8) == {1, 2}  # never the end (the evaluation after the stage)
+    assert eval_steps(100, 0) == frozenset()
+
+
+def test_the_clock_changes_nothing_an_sft_stage_computes(
+    small_tasks, small_tokenizer, env, monkeypatch
+):
+    """The same steps on a fast clock and on one 1000x slower (still under the cap) train the
+    same weights: the lr schedule and the evaluations follow the steps, not the minutes."""
+    trajs = teacher_trajectories(small_tasks[:8], small_tokenizer, env, CFG, memory="mem1")
+    runs = []
+    for tick in (1e-4, 1e-1):
+        _fake_clock(monkeypatch, tick)
+        model = small_model(small_tokenizer)
+        evals_at: list[int] = []
+
+        def count_eval(calls: list[int] = evals_at) -> dict:
+            calls.append(1)
+            return {"eval_reward": 0.0}
+
+        result = train_on_trajectories(
+            model,
+            trajs,
+            small_tokenizer.pad_token_id,
+            lr=1e-3,
+            batch_size=4,
+            minutes=10.0,
+            max_steps=8,
+            warmup_steps=2,
+            eval_fn=count_eval,
+            evals=3,
+            progress=False,
+        )
+        runs.append((result, [p.detach().clone() for p in model.parameters()], len(evals_at)))
+    (fast, w_fast, e_fast), (slow, w_slow, e_slow) = runs
+    assert fast.steps == slow.steps == 8 and e_fast == e_slow == 3
+    assert fast.seconds < slow.seconds  # the clocks did differ
+    assert all(torch.equal(a, b) for a, b in zip(w_fast, w_slow, strict=True))
+
+
+def test_the_minutes_cap_stops_an_sft_stage_with_a_warning(
+    small_tasks, small_tokenizer, env, monkeypatch, caplog
+):
+    _fake_clock(monkeypatch, 1.0)  # every reading a second on: a 0.1-minute cap is 6 s
+    trajs = teacher_trajectories(small_tasks[:8], small_tokenizer, env, CFG, memory="mem1")
+    with caplog.at_level(logging.WARNING, logger="mem1_core.training.sft"):
+        result = train_on_trajectories(
+            small_model(small_tokenizer),
+            trajs,
+            small_tokenizer.pad_token_id,
+            lr=1e-3,
+            batch_size=4,
+            minutes=0.1,
+            max_steps=50,
+            progress=False,
+            stage="sft (mem1)",
+        )
+    assert 0 < result.steps < 50 and result.stopped_by == "minutes"
+    assert result.curve[-1] == result.curve[-1] | {"step": result.steps, "stopped_by": "minutes"}
+    assert f"cap stopped it after {result.steps} of 50 steps" in caplog.text
 
 
 def test_learning_rate_schedule():

@@ -3,11 +3,17 @@ as PPO (loss on generated tokens only, each scored with exactly the context it w
 from). Two uses: the warm start (1-objective teacher trajectories teach the tiny model the tag
 format, the starting point of both ablation arms) and the SFT arm of the RL-vs-SFT ablation
 (MEM1 §5.4: SFT on the teacher's 2-objective trajectories).
+
+A stage runs its step count (issue 28): the lr schedule and the held-out evaluations are laid
+out over the steps, so a busy machine trains the same model, only later. The minutes are a
+cap for a stage that runs far slower than planned; when the cap ends it first, it says so
+(a warning, and `stopped_by: minutes` in its last curve row and result.json).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 import time
@@ -26,6 +32,8 @@ from mem1_core.runs.progress import Progress as StageProgress
 from mem1_core.trajectory.logprobs import forward_tree
 from mem1_core.trajectory.record import Trajectory, turn_paths, write_trajectories
 from mem1_core.trajectory.tree import FlatTree, collate, flatten
+
+logger = logging.getLogger(__name__)
 
 NO_TEACHER = (
     "the scripted teacher plays only the world's tasks (their plans), so real QA data has no "
@@ -101,6 +109,14 @@ def lr_at(progress: float, warmup: float, base: float, floor: float = 0.1) -> fl
     return base * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0))))
 
 
+def eval_steps(max_steps: int, evals: int) -> frozenset[int]:
+    """The steps after which a stage of `max_steps` runs its `evals` held-out evaluations:
+    evenly spaced inside the stage (the evaluations before and after it are the caller's)."""
+    return frozenset(
+        s for k in range(1, evals + 1) if 0 < (s := round(k * max_steps / (evals + 1))) < max_steps
+    )
+
+
 @dataclass
 class SFTResult:
     steps: int
@@ -108,6 +124,8 @@ class SFTResult:
     final_loss: float
     tokens_per_second: float
     curve: list[dict]
+    stopped_by: str = "count"
+    """"count" (the stage ran its steps) or "minutes" (the cap ended it first)."""
 
 
 def step_options(cfg) -> dict:
@@ -138,7 +156,7 @@ def train_on_trajectories(
     attn: str = "sdpa",
     seed: int = 0,
     eval_fn: Callable[[], dict] | None = None,
-    eval_every_minutes: float = 0.0,
+    evals: int = 0,
     log: Callable[[dict], None] | None = None,
     progress: bool = True,
     context_weight: float = 0.0,
@@ -147,7 +165,9 @@ def train_on_trajectories(
     gradient_checkpointing: bool = False,
     stage: str = "sft",
 ) -> SFTResult:
-    """Train until `minutes` or `max_steps` runs out; returns the loss/eval curve.
+    """Train `max_steps` steps; returns the loss/eval curve. `minutes` of training time cap
+    it (a warning and `stopped_by="minutes"` when they end it first). `eval_fn` runs after
+    `evals` evenly spaced steps (`eval_steps`). Nothing here reads the clock but the cap.
     `context_loss[i]`: trajectory i also gets the `context_weight` loss (see `sft_loss`)."""
     if context_loss is not None and len(context_loss) != len(trajectories):
         raise ValueError("context_loss needs one flag per trajectory")
@@ -164,33 +184,29 @@ def train_on_trajectories(
     model.train()
     budget = minutes * 60.0
     t0 = time.perf_counter()
-    next_eval = eval_every_minutes * 60.0 if eval_every_minutes > 0 else math.inf
+    at_steps = eval_steps(max_steps, evals) if eval_fn is not None else frozenset()
+    warm = min(warmup_steps / max(max_steps, 1), 0.2)
     curve: list[dict] = []
     tokens = 0
     loss_val = float("nan")
-    bar = tqdm(total=max_steps if max_steps < 10**5 else None, desc=stage, disable=not progress)
-    watch = StageProgress(
-        stage, total=max_steps if max_steps < 10**5 else None, budget_seconds=minutes * 60.0
-    )
+    bar = tqdm(total=max_steps, desc=stage, disable=not progress)
+    watch = StageProgress(stage, total=max_steps, budget_seconds=budget)
     step = 0
+    stopped_by = "count"
     order: list[int] = []
-    # The budget and the lr schedule count training time only: held-out evaluations run on
-    # top. Counted in, on a loaded machine they ate a 1.5-minute SFT stage (4 steps in 108 s,
-    # all past the warmup, which wrecked the base: held-out N=2 0.94 -> 0.08).
+    # The cap counts training time only: held-out evaluations run on top. Counted in, on a
+    # loaded machine they ate a 1.5-minute SFT stage (4 steps in 108 s).
     paused = 0.0
 
     def trained() -> float:
         return time.perf_counter() - t0 - paused
 
-    while step < max_steps and trained() < budget:
+    while step < max_steps:
         if len(order) < batch_size:
             order += rng.sample(range(len(trees)), len(trees))
         idx, order = order[:batch_size], order[batch_size:]
-        elapsed = trained()
-        progress_frac = max(step / max_steps, elapsed / budget)
-        warm = min(warmup_steps / max(max_steps, 1), 0.2) if max_steps < 10**5 else 0.05
         for g in opt.param_groups:
-            g["lr"] = lr_at(progress_frac, warm, lr) if step >= 1 else lr * 0.02
+            g["lr"] = lr_at(step / max_steps, warm, lr) if step >= 1 else lr * 0.02
         with compute_context(model):
             loss, n = sft_loss(
                 model,
@@ -211,24 +227,37 @@ def train_on_trajectories(
         bar.update(1)
         bar.set_postfix(loss=f"{loss_val:.3f}")
         watch.update(step, loss=round(loss_val, 3))
-        elapsed = trained()
-        row = {"step": step, "seconds": round(elapsed, 2), "loss": loss_val}
-        if eval_fn is not None and elapsed >= next_eval:
+        row = {"step": step, "seconds": round(trained(), 2), "loss": loss_val}
+        if step in at_steps:
             model.eval()
             t_eval = time.perf_counter()
             row.update(eval_fn())
             paused += time.perf_counter() - t_eval
             model.train()
-            next_eval += eval_every_minutes * 60.0
-        if step % 10 == 0 or "eval_reward" in row:
+        if step < max_steps and trained() >= budget:
+            stopped_by = "minutes"
+            logger.warning(
+                "%s: its %.4g-minute cap stopped it after %d of %d steps (a slow or busy "
+                "machine; raise the stage's minutes to run all its steps)",
+                stage,
+                minutes,
+                step,
+                max_steps,
+            )
+        final = step == max_steps or stopped_by == "minutes"
+        if final:
+            row["stopped_by"] = stopped_by  # the last row says how the stage ended
+        if step % 10 == 0 or step in at_steps or final:
             curve.append(row)
             if log:
                 log(row)
+        if final:
+            break
     bar.close()
     watch.close()
     model.eval()
     seconds = trained()
-    return SFTResult(step, seconds, loss_val, tokens / max(seconds, 1e-9), curve)
+    return SFTResult(step, seconds, loss_val, tokens / max(seconds, 1e-9), curve, stopped_by)
 
 
 def train_sft(
@@ -338,7 +367,7 @@ def train_sft(
         else (cfg.sft.warm_start_steps if warm_start else cfg.sft.steps),
         **step_options(cfg),
         eval_fn=eval_fn if eval_tasks and cfg.sft.evals else None,
-        eval_every_minutes=max(0.5, minutes / max(cfg.sft.evals, 1)),
+        evals=cfg.sft.evals,
         log=log,
         progress=progress,
         context_weight=cfg.sft.warm_start_context_weight if warm_start else 0.0,
@@ -357,6 +386,7 @@ def train_sft(
         "teacher_worlds": len(sources),
         "teacher_reward": sum(t.reward for t in trajs) / len(trajs),
         "steps": result.steps,
+        "stopped_by": result.stopped_by,
         "seconds": round(result.seconds, 1),
         "final_loss": result.final_loss,
         "tokens_per_second": round(result.tokens_per_second),
