@@ -17,11 +17,15 @@ class SFTConfig(Section):
     answers of several questions: from N=1 alone the tiny model does not generalise to N=2,
     measured 1/32 tasks at N=2, so PPO would start with no reward at all)."""
     warm_start_minutes: float = 20.0
-    """Wall-clock budget of the warm start; `warm_start_steps` caps it too."""
+    """Cap on the warm start's training minutes: it stops a run far slower than planned, with a
+    warning and `stopped_by: minutes` in its result (issue 28)."""
     warm_start_steps: int = 100000
+    """Length of the warm start in steps: it decides (the lr schedule and the evaluations are
+    laid out over it), so a busy machine trains the same model, only later."""
     minutes: float = 8.0
-    """Budget of the SFT arm of the ablation (on train_objectives-objective tasks)."""
+    """Cap on the minutes of the SFT arm of the ablation (as `warm_start_minutes`)."""
     steps: int = 100000
+    """Length of the SFT arm in steps (on train_objectives-objective tasks); it decides."""
     lr: float = 2e-3
     warmup_steps: int = 50
     batch_size: int = 16
@@ -43,8 +47,8 @@ class SFTConfig(Section):
     """Held-out tasks (greedy) scored before, during and after an SFT stage; 0 turns those
     evaluations off (at 135M parameters on a CPU each costs minutes)."""
     evals: int = 4
-    """Held-out evaluations during an SFT stage, evenly spaced over its budget (0: only before
-    and after)."""
+    """Held-out evaluations during an SFT stage, at evenly spaced steps (0: only before and
+    after)."""
 
     def __post_init__(self) -> None:
         if self.eval_tasks < 0 or self.evals < 0:
@@ -79,8 +83,10 @@ class PPOConfig(Section):
     """PPO / GRPO over masked trajectories (the paper's defaults where they apply)."""
 
     iterations: int = 1000
+    """Length of a run in iterations: it decides (issue 28)."""
     minutes: float = 8.0
-    """Wall-clock budget; whichever of iterations / minutes ends first."""
+    """Cap on a run's minutes: it stops a run far slower than planned, with a warning and
+    `stopped_by: minutes` in its last metrics row."""
     tasks_per_iteration: int = 32
     samples_per_task: int = 1
     """GRPO needs several samples per task (a group); PPO uses 1."""

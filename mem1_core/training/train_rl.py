@@ -24,7 +24,11 @@ the rollout's recorded ones the behaviour policy. A checkpoint holds what the it
 before it produced and nothing of the rollout in flight, which no file records until its
 iteration ends: a resumed run redoes that rollout with the checkpoint's weights (staleness 0),
 so it loses or repeats no iteration but is not bit-identical to an unbroken overlapped run
-(the synchronous loop is). A run that ends on `ppo.minutes` leaves one rollout unused.
+(the synchronous loop is). A run that its `ppo.minutes` cap ends leaves one rollout unused.
+
+Budget (issue 28): a run makes `ppo.iterations` iterations; nothing it computes reads the
+clock. `ppo.minutes` caps a run far slower than planned: it then ends early with a warning,
+and its last metrics row (and the summary) says `stopped_by: minutes` (else `count`).
 
 Faults the loop cannot ride out (issue 18: the learner process lost, the retrieval server
 down past `retrieval.outage_seconds`, a full disk) stop the run with `RunStopped`, whose
@@ -341,11 +345,24 @@ def train_rl(
             stats = runtime.update(trajs, it)
             runtime.sync_weights(wait=not overlap)  # learner -> object store -> workers
             elapsed = state.elapsed_seconds + time.perf_counter() - t_start
-            last = it + 1 >= cfg.ppo.iterations or elapsed >= cfg.ppo.minutes * 60
+            # The count decides; the minutes only cap a run far slower than planned.
+            capped = it + 1 < cfg.ppo.iterations and elapsed >= cfg.ppo.minutes * 60
+            last = it + 1 >= cfg.ppo.iterations or capped
             seconds = time.perf_counter() - t0
             record = iteration_record(
                 it, trajs, stats, seconds, t_rollout, elapsed, rollout, staleness
             )
+            if last:
+                record["stopped_by"] = "minutes" if capped else "count"
+            if capped:
+                log.warning(
+                    "%s: its %.4g-minute cap stopped it after %d of %d iterations (a slow or "
+                    "busy machine; raise ppo.minutes to run all its iterations)",
+                    progress.stage.stage,
+                    cfg.ppo.minutes,
+                    it + 1,
+                    cfg.ppo.iterations,
+                )
             if last or (cfg.ppo.eval_every and (it + 1) % cfg.ppo.eval_every == 0):
                 record |= evaluate(runtime, eval_tasks, paths.eval_part(it))
             record = _clean({"estimator": estimator, **rollout_info, **record})
@@ -368,5 +385,6 @@ def train_rl(
         "wandb": wandb_run(paths, estimator),
         "metrics": record,
         "iterations": record.get("iteration", -1) + 1,
+        "stopped_by": record.get("stopped_by"),
         "checkpoint": None if final is None else str(final),
     }
