@@ -45,17 +45,20 @@ def test_updates_are_throttled_for_the_file_and_the_log(tmp_path, caplog):
 
 def test_the_line_a_person_reads():
     st = {
-        "stage": "sft",
-        "done": 120,
-        "total": 400,
-        "unit": "step",
-        "fraction": 0.3,
+        "stage": "ppo (mem1)",
+        "done": 7,
+        "total": 18,
+        "unit": "iteration",
+        "fraction": 7 / 18,
         "elapsed_s": 62,
-        "eta_s": 145,
+        "eta_s": 97,
         "final": False,
-        "metrics": {"loss": 0.83},
+        "metrics": {"reward": 0.83},
     }
-    assert line(st) == "sft: 120/400 steps (30%) loss=0.83 · 1:02 elapsed, ~2:25 left"
+    assert line(st) == "ppo (mem1): iteration 7 of 18 (39%) reward=0.83 · 1:02 elapsed, ~1:37 left"
+    no_total = st | {"stage": "pretrain", "unit": "step", "done": 300, "total": None}
+    no_total |= {"fraction": None, "eta_s": None, "metrics": {}}
+    assert line(no_total) == "pretrain: step 300 · 1:02 elapsed, ~? left"
     assert fmt_seconds(3725) == "1:02:05" and fmt_seconds(None) == "?"
 
 

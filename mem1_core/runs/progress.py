@@ -8,9 +8,9 @@ PPO iteration, evaluation cell). Two outlets, each throttled so that neither flo
   stage's flow-run logs (PREFECT_LOGGING_EXTRA_LOGGERS=mem1), a line per interval rather
   than per step.
 The file goes where `MEM1_PROGRESS_FILE` points (the pipeline sets it to the run
-directory's); without it only the logger speaks. The estimate of what remains uses the
-larger of the step fraction and the time-budget fraction (stages end on whichever comes
-first).
+directory's); without it only the logger speaks. A stage ends on its count (issue 28), so
+the estimate of what remains comes from the step fraction; a stage's minutes only cap it, and
+when the cap is nearer, the estimate is the time to the cap.
 """
 
 from __future__ import annotations
@@ -114,14 +114,13 @@ def _short(v):
 
 
 def line(st: dict) -> str:
-    """`sft: 120/400 steps (30%) loss=0.83 · 1:02 elapsed, ~2:25 left`."""
-    total = f"/{st['total']}" if st.get("total") else ""
+    """`ppo (mem1): iteration 7 of 18 (39%) reward=0.83 · 1:02 elapsed, ~1:37 left`."""
+    count = f"{st['unit']} {st['done']}" + (f" of {st['total']}" if st.get("total") else "")
     frac = f" ({st['fraction']:.0%})" if st.get("fraction") is not None else ""
     metrics = " ".join(f"{k}={v}" for k, v in (st.get("metrics") or {}).items())
     tail = "done" if st.get("final") else f"~{fmt_seconds(st.get('eta_s'))} left"
     return (
-        f"{st['stage']}: {st['done']}{total} {st['unit']}s{frac} {metrics} · "
-        f"{fmt_seconds(st['elapsed_s'])} elapsed, {tail}"
+        f"{st['stage']}: {count}{frac} {metrics} · {fmt_seconds(st['elapsed_s'])} elapsed, {tail}"
     ).replace("  ", " ")
 
 
