@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from mem1_core.config import load_config
-from mem1_core.evaluation.stage import run_objective_scaling
-from mem1_core.runs.layout import PPO_MEM1, SFT_MEM1, WARM_START, resolve_init
+from mem1_core.evaluation.stage import run_objective_scaling, trained_agents
+from mem1_core.runs.layout import PPO_MEM1, SFT_MEM1, WARM_START
 from mem1_core.training.sft import train_sft
 from mem1_core.training.train_rl import train_rl
 
@@ -50,19 +50,9 @@ def _smoke_run(root: Path) -> dict:
     cfg = load_config("smoke")
     warm = train_sft(cfg, root / WARM_START, warm_start=True, assets_dir=root, progress=False)
     ppo = train_rl(cfg, root / PPO_MEM1, init=root / WARM_START, use_ray=False, show=False)
-    sft = train_sft(
-        cfg,
-        root / SFT_MEM1,
-        objectives=cfg.data.train_objectives,
-        init=resolve_init(root / WARM_START),
-        assets_dir=root,
-        progress=False,
-    )
-    agents = [
-        ("warm-start", str(resolve_init(root / WARM_START)), "mem1"),
-        ("mem1-ppo", str(resolve_init(root / PPO_MEM1)), "mem1"),
-        ("mem1-sft", str(resolve_init(root / SFT_MEM1)), "mem1"),
-    ]
+    sft = train_sft(cfg, root / SFT_MEM1, init=root / WARM_START, assets_dir=root, progress=False)
+    # the agents the pipeline's evaluation finds in the run: warm start, mem1-ppo, mem1-sft
+    agents = trained_agents(root)
     run_objective_scaling(cfg, root, root / "eval", agents, teacher=False, progress=False)
     return {"warm": warm, "ppo": ppo, "sft": sft}
 
@@ -90,20 +80,19 @@ def test_two_smoke_runs_with_one_seed_give_the_same_metrics(tmp_path, monkeypatc
     assert all(c[-1]["stopped_by"] == "count" for c in _curves(a).values())
 
 
+CAPPED_PPO = (
+    "ppo.iterations=3",
+    "ppo.minutes=0",  # the cap ends the run after its first iteration
+    "ppo.tasks_per_iteration=2",
+    "rollout.gen_tokens_base=8",
+    "rollout.gen_tokens_per_objective=2",
+    "data.max_eval_tasks=2",
+)
+
+
 def test_the_minutes_cap_stops_ppo_with_a_warning_and_says_so(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    cfg = load_config(
-        "smoke",
-        None,
-        [
-            "ppo.iterations=3",
-            "ppo.minutes=0",  # the cap ends the run after its first iteration
-            "ppo.tasks_per_iteration=2",
-            "rollout.gen_tokens_base=8",
-            "rollout.gen_tokens_per_objective=2",
-            "data.max_eval_tasks=2",
-        ],
-    )
+    cfg = load_config("smoke", None, list(CAPPED_PPO))
     with caplog.at_level(logging.WARNING, logger="mem1_core.training.train_rl"):
         result = train_rl(cfg, tmp_path / "ppo", use_ray=False, show=False)
     assert result["iterations"] == 1 and result["stopped_by"] == "minutes"

@@ -269,14 +269,23 @@ def _fake_clock(monkeypatch, tick: float) -> list[float]:
     return clock
 
 
-def test_held_out_evaluations_do_not_eat_the_sft_cap(
-    small_tasks, small_tokenizer, env, monkeypatch
-):
+@pytest.fixture(scope="module")
+def eight(small_tasks, small_tokenizer, env):
+    return teacher_trajectories(small_tasks[:8], small_tokenizer, env, CFG, memory="mem1")
+
+
+def _train(trajs, tokenizer, **options):
+    """A small model trained on `trajs` (lr 1e-3, batch 4) -> (model, SFTResult)."""
+    model = small_model(tokenizer)
+    options = {"lr": 1e-3, "batch_size": 4, "progress": False} | options
+    return model, train_on_trajectories(model, trajs, tokenizer.pad_token_id, **options)
+
+
+def test_held_out_evaluations_do_not_eat_the_sft_cap(eight, small_tokenizer, monkeypatch):
     """The cap is training time: an evaluation after every step that takes 1 s would stop a
     2-second cap after two steps if it counted; all six steps run. On a clock of the test's
     own (each reading 1 ms on, an evaluation 1 s), so a loaded machine cannot decide it."""
     clock = _fake_clock(monkeypatch, 1e-3)
-    trajs = teacher_trajectories(small_tasks[:8], small_tokenizer, env, CFG, memory="mem1")
     calls = []
 
     def slow_eval() -> dict:
@@ -284,17 +293,8 @@ def test_held_out_evaluations_do_not_eat_the_sft_cap(
         calls.append(1)
         return {"eval_reward": 0.0}
 
-    result = train_on_trajectories(
-        small_model(small_tokenizer),
-        trajs,
-        small_tokenizer.pad_token_id,
-        lr=1e-3,
-        batch_size=4,
-        minutes=2.0 / 60,
-        max_steps=6,
-        eval_fn=slow_eval,
-        evals=5,
-        progress=False,
+    _, result = _train(
+        eight, small_tokenizer, minutes=2.0 / 60, max_steps=6, eval_fn=slow_eval, evals=5
     )
     assert result.steps == 6 and len(calls) == 5 and result.stopped_by == "count"
     assert result.seconds < 2.0 + 1.0  # training time, not the 5 seconds of evaluations
@@ -310,36 +310,23 @@ def test_evaluations_fall_on_evenly_spaced_steps():
     assert eval_steps(100, 0) == frozenset()
 
 
-def test_the_clock_changes_nothing_an_sft_stage_computes(
-    small_tasks, small_tokenizer, env, monkeypatch
-):
+def test_the_clock_changes_nothing_an_sft_stage_computes(eight, small_tokenizer, monkeypatch):
     """The same steps on a fast clock and on one 1000x slower (still under the cap) train the
     same weights: the lr schedule and the evaluations follow the steps, not the minutes."""
-    trajs = teacher_trajectories(small_tasks[:8], small_tokenizer, env, CFG, memory="mem1")
     runs = []
     for tick in (1e-4, 1e-1):
         _fake_clock(monkeypatch, tick)
-        model = small_model(small_tokenizer)
-        evals_at: list[int] = []
-
-        def count_eval(calls: list[int] = evals_at) -> dict:
-            calls.append(1)
-            return {"eval_reward": 0.0}
-
-        result = train_on_trajectories(
-            model,
-            trajs,
-            small_tokenizer.pad_token_id,
-            lr=1e-3,
-            batch_size=4,
+        calls: list[int] = []
+        model, result = _train(
+            eight,
+            small_tokenizer,
             minutes=10.0,
             max_steps=8,
             warmup_steps=2,
-            eval_fn=count_eval,
+            eval_fn=lambda calls=calls: calls.append(1) or {"eval_reward": 0.0},
             evals=3,
-            progress=False,
         )
-        runs.append((result, [p.detach().clone() for p in model.parameters()], len(evals_at)))
+        runs.append((result, [p.detach().clone() for p in model.parameters()], len(calls)))
     (fast, w_fast, e_fast), (slow, w_slow, e_slow) = runs
     assert fast.steps == slow.steps == 8 and e_fast == e_slow == 3
     assert fast.seconds < slow.seconds  # the clocks did differ
@@ -347,22 +334,11 @@ def test_the_clock_changes_nothing_an_sft_stage_computes(
 
 
 def test_the_minutes_cap_stops_an_sft_stage_with_a_warning(
-    small_tasks, small_tokenizer, env, monkeypatch, caplog
+    eight, small_tokenizer, monkeypatch, caplog
 ):
     _fake_clock(monkeypatch, 1.0)  # every reading a second on: a 0.1-minute cap is 6 s
-    trajs = teacher_trajectories(small_tasks[:8], small_tokenizer, env, CFG, memory="mem1")
     with caplog.at_level(logging.WARNING, logger="mem1_core.training.sft"):
-        result = train_on_trajectories(
-            small_model(small_tokenizer),
-            trajs,
-            small_tokenizer.pad_token_id,
-            lr=1e-3,
-            batch_size=4,
-            minutes=0.1,
-            max_steps=50,
-            progress=False,
-            stage="sft (mem1)",
-        )
+        _, result = _train(eight, small_tokenizer, minutes=0.1, max_steps=50, stage="sft (mem1)")
     assert 0 < result.steps < 50 and result.stopped_by == "minutes"
     assert result.curve[-1] == result.curve[-1] | {"step": result.steps, "stopped_by": "minutes"}
     assert f"cap stopped it after {result.steps} of 50 steps" in caplog.text
