@@ -5,6 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mem1_core.config.methods import (
+    ADV_ESTIMATORS,
+    KL_CONTROLLERS,
+    KL_ESTIMATORS,
+    LOSS_AGG_MODES,
+    POLICY_LOSSES,
+    ROLLOUT_IS_LEVELS,
+)
 from mem1_core.config.sections import MEMORIES, Section
 
 
@@ -51,25 +59,6 @@ class SFTConfig(Section):
             raise ValueError("sft.eval_tasks and sft.evals must be >= 0 (0 turns them off)")
 
 
-# The names of each family, checked here without importing the math (tests/test_config.py
-# checks they match mem1_core.rl's registries).
-ADV_ESTIMATORS = (
-    "gae",
-    "grpo",
-    "grpo_mean",
-    "rloo",
-    "reinforce_plus_plus",
-    "reinforce_plus_plus_baseline",
-)
-POLICY_LOSSES = ("vanilla", "gspo")
-LOSS_AGG_MODES = (
-    "token-mean",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-sum-norm",
-)
-KL_CTRLS = ("fixed", "adaptive")
-ROLLOUT_IS_LEVELS = ("token", "sequence")
 GSPO_CLIP_RANGE = (3e-4, 4e-4)
 """GSPO's (low, high) clip of the sequence ratio (Zheng et al. 2025, §5.1)."""
 
@@ -174,22 +163,16 @@ class PPOConfig(Section):
     def __post_init__(self) -> None:
         if self.minibatch_size % self.micro_batch_size:
             raise ValueError("ppo.minibatch_size must be a multiple of ppo.micro_batch_size")
-        if self.kl_kind not in ("k1", "k2", "k3"):
-            raise ValueError("ppo.kl_kind: use k1, k2 or k3")
         self._check_toolbox()
 
     def _check_toolbox(self) -> None:
-        for name, allowed in (
-            ("adv_estimator", ADV_ESTIMATORS),
-            ("policy_loss", POLICY_LOSSES),
-            ("loss_agg_mode", LOSS_AGG_MODES),
-            ("kl_ctrl", KL_CTRLS),
-        ):
-            if getattr(self, name) not in allowed:
-                raise ValueError(
-                    f"ppo.{name}={getattr(self, name)!r}: use one of {', '.join(allowed)}"
-                )
-        if self.rollout_is is not None and self.rollout_is not in ROLLOUT_IS_LEVELS:
+        # The registries hold the names (mem1_core.config.methods), not a copy here.
+        ADV_ESTIMATORS.check(self.adv_estimator)
+        POLICY_LOSSES.check(self.policy_loss)
+        LOSS_AGG_MODES.check(self.loss_agg_mode)
+        KL_CONTROLLERS.check(self.kl_ctrl)
+        KL_ESTIMATORS.check(self.kl_kind)
+        if self.rollout_is is not None and self.rollout_is not in ROLLOUT_IS_LEVELS.names:
             raise ValueError(
                 f"ppo.rollout_is={self.rollout_is!r}: use token, sequence, or null (off)"
             )
