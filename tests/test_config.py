@@ -42,12 +42,12 @@ def test_unknown_profile():
 
 def test_gpu_training_fields_of_issue_7():
     tiny, paper = load_config("tiny"), load_config("paper")
-    assert (tiny.model.gradient_checkpointing, tiny.model.seq_bucket) == (False, 1)
+    assert (tiny.model.gradient_checkpointing, tiny.model.seq_bucket_tokens) == (False, 1)
     assert paper.model.attn == "flex_attention" and paper.model.gradient_checkpointing
-    assert paper.model.seq_bucket == 128 and paper.resources.learner_strategy == "single"
+    assert paper.model.seq_bucket_tokens == 128 and paper.resources.learner_strategy == "single"
     # The bucket follows the attention unless set: 128 (the BlockMask block) under flex.
-    assert load_config("tiny", None, ["model.attn=flex_attention"]).model.seq_bucket == 128
-    assert load_config("paper", None, ["model.seq_bucket=64"]).model.seq_bucket == 64
+    assert load_config("tiny", None, ["model.attn=flex_attention"]).model.seq_bucket_tokens == 128
+    assert load_config("paper", None, ["model.seq_bucket=64"]).model.seq_bucket_tokens == 64
     fsdp = load_config(
         "paper", None, ["resources.learner_strategy=fsdp", "resources.learner_gpus=4"]
     )
