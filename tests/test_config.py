@@ -152,7 +152,7 @@ def test_rl_toolbox_fields_reject_bad_values_with_the_fix(overrides, message):
 
 
 def test_trainer_shorthands_set_the_estimator_before_the_users_overrides():
-    from mem1_core.training.train_rl import TRAINER_DEFAULTS
+    from mem1_core.config.training import TRAINER_DEFAULTS
 
     assert load_config("smoke", None, list(TRAINER_DEFAULTS["ppo"])).ppo.adv_estimator == "gae"
     grpo = load_config("smoke", None, list(TRAINER_DEFAULTS["grpo"])).ppo

@@ -47,6 +47,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from mem1_core.config import Config
+from mem1_core.deprecated import moved_names
 from mem1_core.evaluation.summary import training_summary
 from mem1_core.retrieval.client import RetrieverUnavailable
 from mem1_core.rl.estimators import get_estimator
@@ -68,19 +69,7 @@ from mem1_core.trajectory.record import Trajectory, write_trajectories
 
 log = logging.getLogger(__name__)
 
-PPO_DEFAULTS: tuple[str, ...] = ("ppo.adv_estimator=gae",)
-"""Overrides `mem1 train ppo` applies before the user's: GAE with a critic (the paper)."""
-GRPO_DEFAULTS: tuple[str, ...] = (
-    "ppo.adv_estimator=grpo",
-    "ppo.samples_per_task=4",
-    "ppo.kl_in_loss=true",
-    "ppo.kl_kind=k3",
-)
-"""Overrides `mem1 train grpo` applies before the user's: the grpo estimator, a group of 4
-samples per task, the KL as a k3 loss term (DeepSeekMath §4.1). Explicit `--set` values win
-(`--set ppo.adv_estimator=rloo` trains RLOO with the same group and KL)."""
-TRAINER_DEFAULTS: dict[str, tuple[str, ...]] = {"ppo": PPO_DEFAULTS, "grpo": GRPO_DEFAULTS}
-"""`mem1 train <name>` and the train-<name> flows: their defaults, by trainer name."""
+__getattr__ = moved_names(__name__)  # PPO_DEFAULTS & co. live in mem1_core.config.training
 STOPPING_FAULTS = (ActorLost, DiskFull, RetrieverUnavailable)
 """Faults that stop a run with `RunStopped` (a clear line and the way to resume)."""
 
