@@ -54,6 +54,14 @@ MOVED: dict[str, str] = {
     "mem1_core.training.train_rl.PPO_DEFAULTS": "mem1_core.config.training.PPO_DEFAULTS",
     "mem1_core.training.train_rl.GRPO_DEFAULTS": "mem1_core.config.training.GRPO_DEFAULTS",
     "mem1_core.training.train_rl.TRAINER_DEFAULTS": "mem1_core.config.training.TRAINER_DEFAULTS",
+    # the metrics and W&B sink, not a stage's progress (mem1_core.runs.progress.Progress)
+    "mem1_core.training.train_rl.Progress": "mem1_core.training.train_rl.MetricsSink",
+    # it trains the full-context agent too; its Prefect flow name stays train-ppo-mem1
+    "flows.stages.train_ppo_mem1": "flows.stages.train_ppo",
+    # the index of a run's config, beside retrieval.ensure_index (of a corpus)
+    "mem1_core.runs.assets.ensure_index": "mem1_core.runs.assets.ensure_run_index",
+    # a run's evaluation table (eval/metrics.csv), beside RunPaths.read_metrics (metrics.jsonl)
+    "mem1_core.evaluation.compare.read_metrics": "mem1_core.evaluation.compare.read_eval_table",
 }
 """Old module.name -> its new module.name: Python names that moved or were renamed. The old
 module serves them through `moved_names` (its `__getattr__`), with a DeprecationWarning."""

@@ -159,3 +159,16 @@ def test_trainer_shorthands_set_the_estimator_before_the_users_overrides():
     assert (grpo.adv_estimator, grpo.samples_per_task, grpo.kl_in_loss) == ("grpo", 4, True)
     rloo = load_config("smoke", None, [*TRAINER_DEFAULTS["grpo"], "ppo.adv_estimator=rloo"])
     assert (rloo.ppo.adv_estimator, rloo.ppo.samples_per_task) == ("rloo", 4)
+
+
+def test_every_moved_name_still_imports_with_a_warning_naming_its_replacement():
+    import importlib
+
+    from mem1_core.deprecated import MOVED, REMOVED_IN
+
+    for old, new in MOVED.items():
+        old_module, _, old_name = old.rpartition(".")
+        new_module, _, new_name = new.rpartition(".")
+        with pytest.warns(DeprecationWarning, match=f"is now {new}.*until {REMOVED_IN}"):
+            got = getattr(importlib.import_module(old_module), old_name)
+        assert got is getattr(importlib.import_module(new_module), new_name)

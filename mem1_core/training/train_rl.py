@@ -88,7 +88,7 @@ def _clean(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class Progress:
+class MetricsSink:
     """Where an iteration's record goes: metrics.jsonl (atomically), W&B (offline unless
     WANDB_MODE says otherwise; one run id across resumes) and the progress bar."""
 
@@ -293,7 +293,9 @@ def train_rl(
     progress = None
     try:
         # W&B starts while the actors are still importing (their first call blocks).
-        progress = Progress(cfg, paths, estimator, read_state(ckpt).iteration if ckpt else 0, show)
+        progress = MetricsSink(
+            cfg, paths, estimator, read_state(ckpt).iteration if ckpt else 0, show
+        )
         state = runtime.restore(ckpt) if ckpt else TrainState(0)
         runtime.sync_weights()  # workers start from the learner's weights, resumed or not
         rollout_info = runtime.rollout_info()  # the backend, vLLM's version, the Python
