@@ -156,6 +156,7 @@ class MetricsSink:
             record["iteration"] + 1,
             reward=round(record["reward"], 3),
             kl=round(record["kl"], 4),
+            phases=phase_line(record),
             **({"held_out": round(record["eval/reward"], 3)} if "eval/reward" in record else {}),
             **({"signal": "NONE (all rewards equal)"} if record.get("no_signal") else {}),
         )
@@ -212,6 +213,20 @@ def iteration_record(
         "elapsed_seconds": elapsed_seconds,
         "tokens_per_s": stats["gen_tokens"] / seconds,
     }
+
+
+PHASES = {
+    "rollout": "rollout_seconds",
+    "old-logp": "train/phase_score_seconds",
+    "adv": "train/phase_advantages_seconds",
+    "update": "train/phase_epochs_seconds",
+}
+"""An iteration's named phases (verl's `fit` timers) -> their metrics.jsonl keys."""
+
+
+def phase_line(record: dict[str, Any]) -> str:
+    """`rollout 1.2s old-logp 0.3s adv 0.0s update 2.1s`: where an iteration's time went."""
+    return " ".join(f"{name} {record[key]:.1f}s" for name, key in PHASES.items() if key in record)
 
 
 def reward_signal(trajs: list[Trajectory]) -> dict[str, float]:
