@@ -10,9 +10,9 @@ DEPLOYMENT_NAME = "faults"
 
 
 def main() -> None:
-    from flows.stages import train_ppo_mem1
+    from flows.stages import train_ppo
 
-    train_ppo_mem1.serve(name=DEPLOYMENT_NAME, limit=1)
+    train_ppo.serve(name=DEPLOYMENT_NAME, limit=1)
 
 
 if __name__ == "__main__":

@@ -134,9 +134,9 @@ def _rollout_backend(metrics: dict[str, Any]) -> str | None:
 
 
 def _train_ppo(ctx: RunContext) -> StageResult:
-    from flows.stages import train_ppo_mem1
+    from flows.stages import train_ppo
 
-    out = train_ppo_mem1(**_stage_args(ctx), memory="mem1")
+    out = train_ppo(**_stage_args(ctx), memory="mem1")
     m = out["metrics"]
     return StageResult(
         outputs=out,
@@ -150,9 +150,9 @@ def _train_ppo(ctx: RunContext) -> StageResult:
 
 
 def _train_baselines(ctx: RunContext) -> StageResult:
-    from flows.stages import train_ppo_mem1, train_sft_arm
+    from flows.stages import train_ppo, train_sft_arm
 
-    full = train_ppo_mem1(**_stage_args(ctx), memory="full")
+    full = train_ppo(**_stage_args(ctx), memory="full")
     sft = train_sft_arm(**_stage_args(ctx))
     return StageResult(
         outputs={"ppo_full": full, "sft_mem1": sft},

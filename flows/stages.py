@@ -17,7 +17,6 @@ the run directory:
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from pathlib import Path
 from typing import Any
@@ -33,8 +32,10 @@ from flows.common import (
     publish_table,
     stage_run_name,
 )
-from mem1_core.config import Config
+from mem1_core.deprecated import moved_names
 from mem1_core.runs.layout import EVAL, PPO_FULL, PPO_MEM1, SFT_MEM1, WARM_START
+
+__getattr__ = moved_names(__name__)  # old names (mem1_core.deprecated.MOVED)
 
 ROLLOUT_KEYS = ("rollout_backend", "vllm_version", "rollout_python")
 """What a PPO stage's rollout workers generated with (RolloutWorker.describe), in its table."""
@@ -47,8 +48,10 @@ def rollout_label(metrics: dict[str, Any]) -> str:
     return f"{backend} ({python})" if python else backend
 
 
-def _with_memory(cfg: Config, memory: str) -> Config:
-    return dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, memory=memory))
+def _with_memory(overrides: list[str] | None, memory: str) -> list[str]:
+    """The overrides that build the stage's config under the memory policy `memory` (the
+    config is built with it, never rewritten after loading)."""
+    return [*(overrides or []), f"rollout.memory={memory}"]
 
 
 def _resume(out: Path) -> bool:
@@ -76,8 +79,10 @@ def warm_start(
     return result
 
 
+# The Prefect flow name stays `train-ppo-mem1` (deployments and flow-run names are public);
+# the function is `train_ppo`: it trains the full-context agent too (memory="full").
 @flow(name="train-ppo-mem1", flow_run_name=stage_run_name, log_prints=True)
-def train_ppo_mem1(
+def train_ppo(
     profile: str,
     config_path: str | None,
     overrides: list[str] | None,
@@ -95,7 +100,7 @@ def train_ppo_mem1(
         print(f"{message}working in the next release")  # the flow run's log
         warnings.warn(f"{message}working in the next release", DeprecationWarning, stacklevel=2)
         memory = policy
-    cfg = _with_memory(build_config(profile, config_path, overrides), memory)
+    cfg = build_config(profile, config_path, _with_memory(overrides, memory))
     root = Path(run_dir)
     # mem1+recall is an arm of its own, not the full-context agent's directory
     out = root / {"mem1": PPO_MEM1, "mem1+recall": "ppo_mem1+recall"}.get(memory, PPO_FULL)
@@ -119,7 +124,7 @@ def train_sft_arm(
     from mem1_core.runs.layout import resolve_init
     from mem1_core.training.sft import NO_TEACHER, has_teacher, train_sft
 
-    cfg = _with_memory(build_config(profile, config_path, overrides), "mem1")
+    cfg = build_config(profile, config_path, _with_memory(overrides, "mem1"))
     if not has_teacher(cfg):
         print(f"SFT arm skipped: {NO_TEACHER}")
         return {"skipped": NO_TEACHER}

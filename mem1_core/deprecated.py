@@ -1,6 +1,7 @@
 """Old names still read, until REMOVED_IN: what the `policy` -> `memory` rename left in files
 and commands written before it (a memory policy builds contexts; "the policy" is the trained
-model). Every reader of an old name goes through here, so removing them is deleting this
+model), and the Python names that moved or were renamed (`MOVED`: issue 29's names that
+misled). Every reader of an old name goes through here, so removing them is deleting this
 module's entries and the lines that import it.
 
 Imports nothing from mem1_core: any layer may use it.
@@ -8,8 +9,9 @@ Imports nothing from mem1_core: any layer may use it.
 
 from __future__ import annotations
 
+import importlib
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 REMOVED_IN = "0.2.0"
@@ -46,3 +48,39 @@ def read_renamed(values: Mapping[str, Any], old: str, where: str, default: Any =
         warn_renamed(old, where)
         return values[key]
     return default
+
+
+MOVED: dict[str, str] = {
+    "mem1_core.training.train_rl.PPO_DEFAULTS": "mem1_core.config.training.PPO_DEFAULTS",
+    "mem1_core.training.train_rl.GRPO_DEFAULTS": "mem1_core.config.training.GRPO_DEFAULTS",
+    "mem1_core.training.train_rl.TRAINER_DEFAULTS": "mem1_core.config.training.TRAINER_DEFAULTS",
+    # the metrics and W&B sink, not a stage's progress (mem1_core.runs.progress.Progress)
+    "mem1_core.training.train_rl.Progress": "mem1_core.training.train_rl.MetricsSink",
+    # it trains the full-context agent too; its Prefect flow name stays train-ppo-mem1
+    "flows.stages.train_ppo_mem1": "flows.stages.train_ppo",
+    # the index of a run's config, beside retrieval.ensure_index (of a corpus)
+    "mem1_core.runs.assets.ensure_index": "mem1_core.runs.assets.ensure_run_index",
+    # a run's evaluation table (eval/metrics.csv), beside RunPaths.read_metrics (metrics.jsonl)
+    "mem1_core.evaluation.compare.read_metrics": "mem1_core.evaluation.compare.read_eval_table",
+}
+"""Old module.name -> its new module.name: Python names that moved or were renamed. The old
+module serves them through `moved_names` (its `__getattr__`), with a DeprecationWarning."""
+
+
+def moved_names(module: str) -> Callable[[str], Any]:
+    """The module `__getattr__` of `module` (`__getattr__ = moved_names(__name__)`): an old
+    name of MOVED still imports, with a DeprecationWarning that names its replacement."""
+
+    def __getattr__(name: str) -> Any:
+        new = MOVED.get(f"{module}.{name}")
+        if new is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        warnings.warn(
+            f"{module}.{name} is now {new}; the old name works until {REMOVED_IN}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        where, _, attr = new.rpartition(".")
+        return getattr(importlib.import_module(where), attr)
+
+    return __getattr__

@@ -42,12 +42,12 @@ def test_unknown_profile():
 
 def test_gpu_training_fields_of_issue_7():
     tiny, paper = load_config("tiny"), load_config("paper")
-    assert (tiny.model.gradient_checkpointing, tiny.model.seq_bucket) == (False, 1)
+    assert (tiny.model.gradient_checkpointing, tiny.model.seq_bucket_tokens) == (False, 1)
     assert paper.model.attn == "flex_attention" and paper.model.gradient_checkpointing
-    assert paper.model.seq_bucket == 128 and paper.resources.learner_strategy == "single"
+    assert paper.model.seq_bucket_tokens == 128 and paper.resources.learner_strategy == "single"
     # The bucket follows the attention unless set: 128 (the BlockMask block) under flex.
-    assert load_config("tiny", None, ["model.attn=flex_attention"]).model.seq_bucket == 128
-    assert load_config("paper", None, ["model.seq_bucket=64"]).model.seq_bucket == 64
+    assert load_config("tiny", None, ["model.attn=flex_attention"]).model.seq_bucket_tokens == 128
+    assert load_config("paper", None, ["model.seq_bucket=64"]).model.seq_bucket_tokens == 64
     fsdp = load_config(
         "paper", None, ["resources.learner_strategy=fsdp", "resources.learner_gpus=4"]
     )
@@ -107,21 +107,6 @@ def test_renamed_fields_still_load_with_a_deprecation_warning(tmp_path):
             load_config("tiny", None, ["ppo.learner_cpus=2", "resources.learner_cpus=3"])
 
 
-def test_the_rl_toolbox_names_match_the_registries():
-    # config checks names without importing the math: the lists must stay in step.
-    from mem1_core.config import training as config
-    from mem1_core.rl.estimators import ESTIMATORS
-    from mem1_core.rl.kl_control import KL_CONTROLLERS
-    from mem1_core.rl.losses import LOSS_AGG_MODES, POLICY_LOSSES
-    from mem1_core.rl.rollout_correction import ROLLOUT_IS_LEVELS
-
-    assert config.ADV_ESTIMATORS == tuple(ESTIMATORS)
-    assert config.POLICY_LOSSES == tuple(POLICY_LOSSES)
-    assert config.LOSS_AGG_MODES == LOSS_AGG_MODES
-    assert config.KL_CTRLS == tuple(KL_CONTROLLERS)
-    assert config.ROLLOUT_IS_LEVELS == ROLLOUT_IS_LEVELS
-
-
 def test_rl_toolbox_defaults_and_verl_meanings():
     smoke = load_config("smoke")
     ppo = smoke.ppo
@@ -167,10 +152,23 @@ def test_rl_toolbox_fields_reject_bad_values_with_the_fix(overrides, message):
 
 
 def test_trainer_shorthands_set_the_estimator_before_the_users_overrides():
-    from mem1_core.training.train_rl import TRAINER_DEFAULTS
+    from mem1_core.config.training import TRAINER_DEFAULTS
 
     assert load_config("smoke", None, list(TRAINER_DEFAULTS["ppo"])).ppo.adv_estimator == "gae"
     grpo = load_config("smoke", None, list(TRAINER_DEFAULTS["grpo"])).ppo
     assert (grpo.adv_estimator, grpo.samples_per_task, grpo.kl_in_loss) == ("grpo", 4, True)
     rloo = load_config("smoke", None, [*TRAINER_DEFAULTS["grpo"], "ppo.adv_estimator=rloo"])
     assert (rloo.ppo.adv_estimator, rloo.ppo.samples_per_task) == ("rloo", 4)
+
+
+def test_every_moved_name_still_imports_with_a_warning_naming_its_replacement():
+    import importlib
+
+    from mem1_core.deprecated import MOVED, REMOVED_IN
+
+    for old, new in MOVED.items():
+        old_module, _, old_name = old.rpartition(".")
+        new_module, _, new_name = new.rpartition(".")
+        with pytest.warns(DeprecationWarning, match=f"is now {new}.*until {REMOVED_IN}"):
+            got = getattr(importlib.import_module(old_module), old_name)
+        assert got is getattr(importlib.import_module(new_module), new_name)

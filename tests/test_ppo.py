@@ -20,6 +20,7 @@ from mem1_core.rl.critic import Critic
 from mem1_core.rl.passes import (
     NonFiniteError,
     NonFiniteGuard,
+    UpdateSettings,
     accumulate_gradients,
     ppo_loss,
     score,
@@ -44,6 +45,11 @@ PPO = PPOConfig(
     critic_lr=1e-3,
 )
 ATTN = "sdpa"
+
+
+def S(cfg: PPOConfig = PPO, attn: str = ATTN, **settings) -> UpdateSettings:
+    """The update settings of these tests: `cfg`'s own kl_coef and loss_scale_factor."""
+    return UpdateSettings.of(cfg, attn, **settings)
 
 
 @pytest.fixture(scope="module")
@@ -104,15 +110,17 @@ def prepared(models, trajs, pad_id, estimator="gae", cfg=PPO, gap=0.0):
         noise = gap * torch.randn(rb.rollout_logp.shape, generator=torch.Generator().manual_seed(0))
         rb = dataclasses.replace(rb, rollout_logp=rb.rollout_logp + noise * rb.batch.loss_mask)
     cfg = dataclasses.replace(cfg, adv_estimator=estimator)
-    targets, _ = correct_rollout(rb, score(models, rb, ATTN, 2), cfg)
-    targets, _ = estimate_advantages(rb, targets, cfg)
+    targets, _ = correct_rollout(rb, score(models, rb, S(cfg)), cfg)
+    targets, _ = estimate_advantages(rb, targets, S(cfg))
     return rb, targets
 
 
 def test_old_logprobs_over_the_tree_equal_each_turn_rerun(policy, trajs, small_tokenizer):
     models = Models(policy)
     rb = make_rollout_batch(trajs, small_tokenizer.pad_token_id)
-    old = score(models, rb, ATTN, micro_batch_size=3).old_logp
+    old = score(
+        models, rb, S(dataclasses.replace(PPO, minibatch_size=3, micro_batch_size=3))
+    ).old_logp
     batch = rb.batch
     for r, traj in enumerate(trajs):
         definition = per_turn_logprobs(policy, turn_paths(traj))
@@ -149,13 +157,17 @@ def test_update_with_zero_lr_changes_nothing(policy, trajs, small_tokenizer):
         models,
         optimizers(models, 0.0),
         trajs,
-        PPO,
-        attn=ATTN,
-        pad_id=small_tokenizer.pad_token_id,
-        guard=NonFiniteGuard(3),
+        S(PPO, pad_id=small_tokenizer.pad_token_id),
+        NonFiniteGuard(3),
     )
     assert stats["optimizer_steps"] == 1 and stats["skipped_steps"] == 0
     assert stats["policy_grad_norm"] > 0 and stats["critic_grad_norm"] > 0
+    # the named phase timers reach the progress line (rollout's is the driver's)
+    from mem1_core.training.train_rl import phase_line
+
+    record = {"rollout_seconds": 1.25, **{f"train/{k}": v for k, v in stats.items()}}
+    assert phase_line(record).startswith("rollout 1.2s old-logp ")
+    assert " adv " in phase_line(record) and " update " in phase_line(record)
     assert stats["logp_mismatch_max"] < 1e-5
     per_turn = [v for k, v in stats.items() if k.startswith("logp_mismatch_max/turn_")]
     assert per_turn and max(per_turn) == pytest.approx(stats["logp_mismatch_max"])
@@ -191,7 +203,7 @@ def test_micro_batches_give_the_full_batch_gradient(policy, trajs, small_tokeniz
     grads = []
     for micro in (4, 2, 1):
         cfg = dataclasses.replace(base, minibatch_size=4, micro_batch_size=micro)
-        metrics, finite = accumulate_gradients(models, rb.batch, targets, rows, cfg, ATTN)
+        metrics, finite = accumulate_gradients(models, rb.batch, targets, rows, S(cfg))
         assert finite
         mods = [models.policy, models.critic]
         grads.append(([p.grad.clone() for m in mods for p in m.parameters()], metrics))
@@ -216,7 +228,7 @@ def test_environment_tokens_never_reach_the_loss(policy, trajs, small_tokenizer)
     out = forward_tree(models.policy, rb.batch, ATTN, with_entropy=True)
     values = models.critic(rb.batch, ATTN)
     n = targets.loss_mask.sum()
-    clean, _ = ppo_loss(out.logprobs, out.entropy, values, targets, PPO, n)
+    clean, _ = ppo_loss(out.logprobs, out.entropy, values, targets, S(), n)
 
     def poison(x):
         return torch.where(env, torch.full_like(x, float("nan")), x)
@@ -230,7 +242,7 @@ def test_environment_tokens_never_reach_the_loss(policy, trajs, small_tokenizer)
         poison(targets.ref_logp),
     )
     dirty, _ = ppo_loss(
-        poison(out.logprobs), poison(out.entropy), poison(values), dirty_targets, PPO, n
+        poison(out.logprobs), poison(out.entropy), poison(values), dirty_targets, S(), n
     )
     torch.testing.assert_close(dirty, clean, atol=0, rtol=0)
     # Values read at environment tokens do not change advantages or returns either.
@@ -242,7 +254,7 @@ def test_environment_tokens_never_reach_the_loss(policy, trajs, small_tokenizer)
         torch.where(env, 1e3, targets.old_values),
         targets.ref_logp,
     )
-    again, _ = estimate_advantages(rb, shifted, PPO)
+    again, _ = estimate_advantages(rb, shifted, S())
     torch.testing.assert_close(again.advantages, targets.advantages, atol=0, rtol=0)
     torch.testing.assert_close(again.returns, targets.returns, atol=0, rtol=0)
 
@@ -263,21 +275,21 @@ def test_nonfinite_loss_skips_the_update_and_is_counted(policy, trajs, small_tok
     opts, guard = optimizers(models, 1e-3), NonFiniteGuard(max_in_row=2)
     poison = [True]
     handle = _poison_hidden(models, poison)
-    kw = {"attn": ATTN, "pad_id": small_tokenizer.pad_token_id, "guard": guard}
+    settings = S(pad_id=small_tokenizer.pad_token_id)
     before = params(models)
-    stats = update(models, opts, trajs, PPO, **kw)
+    stats = update(models, opts, trajs, settings, guard)
     assert (stats["skipped_steps"], stats["optimizer_steps"], guard.total) == (1, 0, 1)
     assert all(torch.equal(a, b) for a, b in zip(before, params(models), strict=True))
     assert all(p.grad is None for p in models.policy.parameters())
     poison[0] = False  # a finite step resets the run of failures and moves the weights
-    stats = update(models, opts, trajs, PPO, **kw)
+    stats = update(models, opts, trajs, settings, guard)
     assert (stats["optimizer_steps"], guard.in_row, guard.total) == (1, 0, 1)
     assert not all(torch.equal(a, b) for a, b in zip(before, params(models), strict=True))
     poison[0] = True
-    update(models, opts, trajs, PPO, **kw)
+    update(models, opts, trajs, settings, guard)
     after_one = params(models)
     with pytest.raises(NonFiniteError, match="2 updates in a row.*max_nonfinite_in_row=2"):
-        update(models, opts, trajs, PPO, **kw)
+        update(models, opts, trajs, settings, guard)
     assert guard.total == 3
     assert all(torch.equal(a, b) for a, b in zip(after_one, params(models), strict=True))
     handle.remove()
@@ -293,10 +305,8 @@ def test_nonfinite_gradient_with_finite_loss_is_skipped(policy, trajs, small_tok
         models,
         optimizers(models, 1e-3),
         trajs,
-        PPO,
-        attn=ATTN,
-        pad_id=small_tokenizer.pad_token_id,
-        guard=guard,
+        S(PPO, pad_id=small_tokenizer.pad_token_id),
+        guard,
     )
     handle.remove()
     assert (stats["skipped_steps"], guard.total) == (1, 1)
@@ -329,10 +339,8 @@ def test_a_grpo_step_lowers_the_surrogate_and_favours_rewarded_samples(
         models,
         optimizers(models, 1e-4),
         trajs,
-        cfg,
-        attn=ATTN,
-        pad_id=small_tokenizer.pad_token_id,
-        guard=NonFiniteGuard(3),
+        S(cfg, pad_id=small_tokenizer.pad_token_id),
+        NonFiniteGuard(3),
     )
     assert stats["optimizer_steps"] == 1 and "vf_loss" not in stats
     loss1, logp1 = surrogate_and_logp()
@@ -360,7 +368,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(policy, trajs, small_to
         for p in models.policy.parameters():
             p.add_(0.05 * torch.randn_like(p))
     rows = torch.tensor([2, 0, 3, 1])
-    metrics, _ = accumulate_gradients(models, rb.batch, targets, rows, PPO, ATTN)
+    metrics, _ = accumulate_gradients(models, rb.batch, targets, rows, S())
     plain = _grads(models)
     checkpointed = Models(
         enable_gradient_checkpointing(copy.deepcopy(models.policy)),
@@ -382,7 +390,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(policy, trajs, small_to
         return mlp_forward(x)
 
     mlp.forward = counted
-    again, _ = accumulate_gradients(checkpointed, rb.batch, targets, rows, PPO, ATTN)
+    again, _ = accumulate_gradients(checkpointed, rb.batch, targets, rows, S())
     del mlp.forward
     assert calls[0] == 2 * len(rows) // PPO.micro_batch_size
     for a, b in zip(plain, _grads(checkpointed), strict=True):
@@ -391,7 +399,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(policy, trajs, small_to
         torch.testing.assert_close(again[k], v, atol=1e-5, rtol=1e-5)
     with torch.no_grad():  # no gradient, no checkpointing: scoring is unchanged
         torch.testing.assert_close(
-            score(checkpointed, rb, ATTN, 2).old_values, targets.old_values, atol=1e-5, rtol=0
+            score(checkpointed, rb, S()).old_values, targets.old_values, atol=1e-5, rtol=0
         )
 
 
@@ -405,20 +413,20 @@ def test_sequence_bucketing_changes_no_logprob_value_or_gradient(policy, trajs, 
     length = plain.batch.input_ids.shape[1]
     assert bucketed.batch.input_ids.shape[1] % 64 == 0
     assert bucketed.batch.input_ids.shape[1] > length
-    t1 = score(models, plain, ATTN, 2)
-    t2 = score(models, bucketed, ATTN, 2, seq_bucket=64)
+    t1 = score(models, plain, S())
+    t2 = score(models, bucketed, S(seq_bucket=64))
     for name in ("old_logp", "ref_logp", "old_values"):
         a, b = getattr(t1, name), getattr(t2, name)
         torch.testing.assert_close(b[:, :length], a, atol=1e-5, rtol=0)
         assert (b[:, length:] == 0).all()
-    t1, _ = estimate_advantages(plain, t1, PPO)
-    t2, _ = estimate_advantages(bucketed, t2, PPO)
+    t1, _ = estimate_advantages(plain, t1, S())
+    t2, _ = estimate_advantages(bucketed, t2, S())
     rows = torch.tensor([2, 0, 3, 1])
-    m1, _ = accumulate_gradients(models, plain.batch, t1, rows, PPO, ATTN)
+    m1, _ = accumulate_gradients(models, plain.batch, t1, rows, S())
     g1 = _grads(models)
     for m in (models.policy, models.critic):
         m.zero_grad(set_to_none=True)
-    m2, _ = accumulate_gradients(models, bucketed.batch, t2, rows, PPO, ATTN, seq_bucket=64)
+    m2, _ = accumulate_gradients(models, bucketed.batch, t2, rows, S(seq_bucket=64))
     for a, b in zip(g1, _grads(models), strict=True):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
     for k, v in m1.items():
@@ -447,20 +455,20 @@ def test_flex_learner_on_cuda_equals_the_dense_cpu_learner(trajs, small_tokenize
     enable_gradient_checkpointing(gpu.policy)
     enable_gradient_checkpointing(gpu.critic.backbone)
     rb_gpu = make_rollout_batch(trajs, pad, "cuda", seq_bucket=128)
-    t_gpu = score(gpu, rb_gpu, "flex_attention", 2, seq_bucket=128)
+    t_gpu = score(gpu, rb_gpu, S(attn="flex_attention", seq_bucket=128))
     length = rb.batch.input_ids.shape[1]
     for name in ("old_logp", "ref_logp", "old_values"):
         got = getattr(t_gpu, name)[:, :length].cpu()
         torch.testing.assert_close(got, getattr(targets, name), atol=1e-4, rtol=0)
-    t_gpu, _ = estimate_advantages(rb_gpu, t_gpu, PPO)
+    t_gpu, _ = estimate_advantages(rb_gpu, t_gpu, S())
     with torch.no_grad():  # move away from the old policy so ratios differ from 1
         for a, b in zip(cpu.policy.parameters(), gpu.policy.parameters(), strict=True):
             a.add_(0.05 * torch.randn_like(a))
             b.copy_(a)
     rows = torch.tensor([2, 0, 3, 1])
-    accumulate_gradients(cpu, rb.batch, targets, rows, PPO, ATTN)
+    accumulate_gradients(cpu, rb.batch, targets, rows, S())
     accumulate_gradients(
-        gpu, rb_gpu.batch, t_gpu, rows.cuda(), PPO, "flex_attention", seq_bucket=128
+        gpu, rb_gpu.batch, t_gpu, rows.cuda(), S(attn="flex_attention", seq_bucket=128)
     )
     for a, b in zip(_grads(cpu), _grads(gpu), strict=True):
         torch.testing.assert_close(b.cpu(), a, atol=1e-4, rtol=1e-3)
@@ -550,7 +558,7 @@ def test_ppo_loss_wires_the_config_into_the_pure_losses(policy, trajs, small_tok
     logp = out.logprobs + 0.05 * torch.randn(out.logprobs.shape)  # ratios away from 1
     values = models.critic(rb.batch, ATTN)
     agg = LossAgg.of(t.loss_mask, cfg.loss_agg_mode, cfg.loss_scale_factor)
-    got, _ = ppo_loss(logp, out.entropy, values, t, cfg, agg)
+    got, _ = ppo_loss(logp, out.entropy, values, t, S(cfg), agg)
     low, high = cfg.clip_range
     pg, _ = POLICY_LOSSES[cfg.policy_loss](
         logp,

@@ -193,6 +193,14 @@ class ModelConfig(Section):
     BlockMask block size) under `flex_attention`, 1 otherwise. Padding changes no result."""
     seed: int = 0
 
+    @property
+    def seq_bucket_tokens(self) -> int:
+        """The bucket the learner pads to: `seq_bucket`, or its default under `attn` (derived
+        here, not written back into the frozen field)."""
+        if self.seq_bucket is not None:
+            return self.seq_bucket
+        return 128 if self.attn == "flex_attention" else 1
+
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
             raise ValueError("hidden_size must divide by num_heads, num_heads by num_kv_heads")
@@ -207,9 +215,7 @@ class ModelConfig(Section):
                 "model.base (the embedded tiny base) and model.name_or_path (a hub model) "
                 "both set: keep one (--set model.base=null for a hub model)"
             )
-        if self.seq_bucket is None:
-            object.__setattr__(self, "seq_bucket", 128 if self.attn == "flex_attention" else 1)
-        if self.seq_bucket < 1:
+        if self.seq_bucket is not None and self.seq_bucket < 1:
             raise ValueError(f"model.seq_bucket={self.seq_bucket}: use an int >= 1 (1: none)")
 
 

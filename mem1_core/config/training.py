@@ -5,6 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mem1_core.config.methods import (
+    ADV_ESTIMATORS,
+    KL_CONTROLLERS,
+    KL_ESTIMATORS,
+    LOSS_AGG_MODES,
+    POLICY_LOSSES,
+    ROLLOUT_IS_LEVELS,
+)
 from mem1_core.config.sections import MEMORIES, Section
 
 
@@ -55,60 +63,72 @@ class SFTConfig(Section):
             raise ValueError("sft.eval_tasks and sft.evals must be >= 0 (0 turns them off)")
 
 
-# The names of each family, checked here without importing the math (tests/test_config.py
-# checks they match mem1_core.rl's registries).
-ADV_ESTIMATORS = (
-    "gae",
-    "grpo",
-    "grpo_mean",
-    "rloo",
-    "reinforce_plus_plus",
-    "reinforce_plus_plus_baseline",
-)
-POLICY_LOSSES = ("vanilla", "gspo")
-LOSS_AGG_MODES = (
-    "token-mean",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-sum-norm",
-)
-KL_CTRLS = ("fixed", "adaptive")
-ROLLOUT_IS_LEVELS = ("token", "sequence")
 GSPO_CLIP_RANGE = (3e-4, 4e-4)
 """GSPO's (low, high) clip of the sequence ratio (Zheng et al. 2025, §5.1)."""
 
 
 @dataclass(frozen=True)
 class PPOConfig(Section):
-    """PPO / GRPO over masked trajectories (the paper's defaults where they apply)."""
+    """PPO / GRPO over masked trajectories (the paper's defaults where they apply). The RL
+    toolbox of issue 17 keeps verl's names and meanings (README, "Training"); the names of
+    each family of methods are their registries' (mem1_core.config.methods)."""
 
+    # -- Parameters that control the length of the run, its checkpoints and evaluations --
     iterations: int = 1000
-    """Length of a run in iterations: it decides (issue 28)."""
+    """Length of a run in iterations (rollout + update): it decides (issue 28)."""
     minutes: float = 8.0
     """Cap on a run's minutes: it stops a run far slower than planned, with a warning and
     `stopped_by: minutes` in its last metrics row."""
+    checkpoint_every: int = 1
+    """Write a checkpoint every this many iterations (the newest few are kept)."""
+    eval_every: int = 0
+    """Greedy evaluation on held-out tasks every K iterations (0: only at the end)."""
+    max_nonfinite_in_row: int = 3
+    """Stop with an error after this many skipped (non-finite) updates in a row."""
+
+    # -- Parameters that control the samples of an iteration --
     tasks_per_iteration: int = 32
+    """Tasks rolled out per iteration (drawn from the training tasks, fixed per iteration)."""
     samples_per_task: int = 1
-    """GRPO needs several samples per task (a group); PPO uses 1."""
+    """Trajectories per task: GRPO needs several (a group); PPO uses 1."""
+    overlap_rollouts: bool = False
+    """Beyond the paper (issue 17): roll out iteration k+1 while the learner runs iteration k's
+    update, as verl's one-step off-policy recipe and AReaL's asynchronous RL do (AReaL with a
+    staleness bound of 1). Iteration k+1 then trains on samples of the policy before update k,
+    one update stale (`rollout_staleness` in metrics.jsonl), so it needs `rollout_is`: the
+    learner's recomputed log-probs are PPO's proximal (old) policy and the rollout's are the
+    behaviour policy (verl's decoupled mode; mem1_core.rl.rollout_correction). On Ray only;
+    with --no-ray the same schedule runs one step after the other (same numbers, no speed-up).
+    False: the synchronous loop, unchanged."""
+
+    # -- Parameters that control the optimisation --
     actor_lr: float = 1e-4
+    """AdamW learning rate of the policy (no weight decay: PPO's small steps should not also
+    shrink the warm start)."""
     critic_lr: float = 1e-4
-    kl_coef: float = 1e-3
-    """The KL coefficient (verl: algorithm.kl_ctrl.kl_coef, or actor.kl_loss_coef with the KL
-    as a loss term); under `kl_ctrl=adaptive` its starting value."""
-    kl_kind: str = "k1"
-    kl_in_loss: bool = False
-    """GRPO style: the KL is a loss term instead of a reward penalty."""
-    gamma: float = 1.0
-    lam: float = 1.0
-    clip_eps: float = 0.2
-    """The symmetric PPO clip (verl: actor.clip_ratio); clip_ratio_low / _high override a side."""
-    value_clip_eps: float = 0.2
-    # -- the RL toolbox of issue 17, under verl's names and meanings (README, "Training") --
+    """AdamW learning rate of the critic (`gae` only)."""
+    ppo_epochs: int = 2
+    """Passes over an iteration's trajectories, each in shuffled minibatches."""
+    minibatch_size: int = 16
+    """Trajectories per optimiser step."""
+    micro_batch_size: int = 8
+    """Trajectories per forward/backward pass (gradients accumulate exactly over a
+    minibatch's micro-batches); a divisor of minibatch_size."""
+    grad_clip: float = 1.0
+    """Clip each model's gradient norm to this before a step."""
+
+    # -- Parameters that control the advantages --
     adv_estimator: str = "gae"
     """The advantage estimator (verl: algorithm.adv_estimator; mem1_core.rl.estimators): `gae`
     (PPO with a critic, the paper's), `grpo`, `grpo_mean` (Dr. GRPO: no std division),
     `rloo`, `reinforce_plus_plus`, `reinforce_plus_plus_baseline`. `mem1 train ppo` sets
     gae and `mem1 train grpo` grpo, before any --set."""
+    gamma: float = 1.0
+    """Discount over generated tokens (`gae`, `reinforce_plus_plus`)."""
+    lam: float = 1.0
+    """GAE's lambda."""
+
+    # -- Parameters that control the policy and value losses --
     policy_loss: str = "vanilla"
     """`vanilla` (token-level PPO clip) or `gspo` (GSPO's sequence-level ratio over the whole
     trajectory; verl: actor.policy_loss.loss_mode)."""
@@ -120,7 +140,10 @@ class PPOConfig(Section):
     loss_scale_factor: float | None = None
     """seq-mean-token-sum-norm's fixed normaliser (verl: actor.loss_scale_factor). None: the
     most tokens a training trajectory can generate, rollout.max_turns(N) *
-    rollout.max_new_tokens(N) at N = data.train_objectives (verl's max response length)."""
+    rollout.max_new_tokens(N) at N = data.train_objectives (verl's max response length;
+    Config.loss_scale_factor)."""
+    clip_eps: float = 0.2
+    """The symmetric PPO clip (verl: actor.clip_ratio); clip_ratio_low / _high override a side."""
     clip_ratio_low: float | None = None
     """Lower side of the ratio clip, 1 - low (verl: actor.clip_ratio_low). None: clip_eps
     (under policy_loss=gspo: 3e-4, GSPO §5.1)."""
@@ -132,21 +155,19 @@ class PPOConfig(Section):
     negative-advantage token's loss is capped at -A * c. On by default, as verl's vanilla loss
     always applies it: it only binds where a ratio exceeds c, which a healthy on-policy step
     never reaches, so the paper's objective is unchanged. None turns it off; `gspo` ignores it."""
-    rollout_is: str | None = None
-    """Truncated importance sampling of the rollout/learner log-prob gap (verl:
-    algorithm.rollout_correction.rollout_is): None (off), `token` or `sequence` (one weight
-    per trajectory); mem1_core.rl.rollout_correction."""
-    rollout_is_threshold: float = 2.0
-    """The truncation cap of those weights (verl's default 2.0)."""
-    overlap_rollouts: bool = False
-    """Beyond the paper (issue 17): roll out iteration k+1 while the learner runs iteration k's
-    update, as verl's one-step off-policy recipe and AReaL's asynchronous RL do (AReaL with a
-    staleness bound of 1). Iteration k+1 then trains on samples of the policy before update k,
-    one update stale (`rollout_staleness` in metrics.jsonl), so it needs `rollout_is`: the
-    learner's recomputed log-probs are PPO's proximal (old) policy and the rollout's are the
-    behaviour policy (verl's decoupled mode; mem1_core.rl.rollout_correction). On Ray only;
-    with --no-ray the same schedule runs one step after the other (same numbers, no speed-up).
-    False: the synchronous loop, unchanged."""
+    value_clip_eps: float = 0.2
+    """The critic's value clip around the old values (PPO's clipped value loss)."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus (0: off, the paper's)."""
+
+    # -- Parameters that control the KL to the reference policy --
+    kl_coef: float = 1e-3
+    """The KL coefficient (verl: algorithm.kl_ctrl.kl_coef, or actor.kl_loss_coef with the KL
+    as a loss term); under `kl_ctrl=adaptive` its starting value."""
+    kl_kind: str = "k1"
+    """The per-token KL estimator: `k1`, `k2` or `k3` (Schulman 2020; mem1_core.rl.advantages)."""
+    kl_in_loss: bool = False
+    """GRPO style: the KL is a loss term instead of a reward penalty."""
     kl_ctrl: str = "fixed"
     """`fixed` or `adaptive` (verl: algorithm.kl_ctrl.type; mem1_core.rl.kl_control): the
     adaptive controller moves kl_coef once per iteration towards `target_kl`."""
@@ -154,16 +175,14 @@ class PPOConfig(Section):
     """`adaptive`: the KL per token the controller aims at (verl: kl_ctrl.target_kl)."""
     kl_horizon: int = 10000
     """`adaptive`: trajectories over which the coefficient may move by 20% (verl: kl_ctrl.horizon)."""
-    entropy_coef: float = 0.0
-    ppo_epochs: int = 2
-    minibatch_size: int = 16
-    micro_batch_size: int = 8
-    grad_clip: float = 1.0
-    max_nonfinite_in_row: int = 3
-    """Stop with an error after this many skipped (non-finite) updates in a row."""
-    checkpoint_every: int = 1
-    eval_every: int = 0
-    """Greedy evaluation on held-out tasks every K iterations (0: only at the end)."""
+
+    # -- Parameters that control the rollout correction --
+    rollout_is: str | None = None
+    """Truncated importance sampling of the rollout/learner log-prob gap (verl:
+    algorithm.rollout_correction.rollout_is): None (off), `token` or `sequence` (one weight
+    per trajectory); mem1_core.rl.rollout_correction."""
+    rollout_is_threshold: float = 2.0
+    """The truncation cap of those weights (verl's default 2.0)."""
 
     @property
     def clip_range(self) -> tuple[float, float]:
@@ -180,22 +199,16 @@ class PPOConfig(Section):
     def __post_init__(self) -> None:
         if self.minibatch_size % self.micro_batch_size:
             raise ValueError("ppo.minibatch_size must be a multiple of ppo.micro_batch_size")
-        if self.kl_kind not in ("k1", "k2", "k3"):
-            raise ValueError("ppo.kl_kind: use k1, k2 or k3")
         self._check_toolbox()
 
     def _check_toolbox(self) -> None:
-        for name, allowed in (
-            ("adv_estimator", ADV_ESTIMATORS),
-            ("policy_loss", POLICY_LOSSES),
-            ("loss_agg_mode", LOSS_AGG_MODES),
-            ("kl_ctrl", KL_CTRLS),
-        ):
-            if getattr(self, name) not in allowed:
-                raise ValueError(
-                    f"ppo.{name}={getattr(self, name)!r}: use one of {', '.join(allowed)}"
-                )
-        if self.rollout_is is not None and self.rollout_is not in ROLLOUT_IS_LEVELS:
+        # The registries hold the names (mem1_core.config.methods), not a copy here.
+        ADV_ESTIMATORS.check(self.adv_estimator)
+        POLICY_LOSSES.check(self.policy_loss)
+        LOSS_AGG_MODES.check(self.loss_agg_mode)
+        KL_CONTROLLERS.check(self.kl_ctrl)
+        KL_ESTIMATORS.check(self.kl_kind)
+        if self.rollout_is is not None and self.rollout_is not in ROLLOUT_IS_LEVELS.names:
             raise ValueError(
                 f"ppo.rollout_is={self.rollout_is!r}: use token, sequence, or null (off)"
             )
@@ -237,6 +250,21 @@ class PPOConfig(Section):
                     "ppo.kl_ctrl=adaptive multiplies ppo.kl_coef up or down: start it above 0 "
                     "(the paper's 1e-3), or use ppo.kl_ctrl=fixed"
                 )
+
+
+PPO_DEFAULTS: tuple[str, ...] = ("ppo.adv_estimator=gae",)
+"""Trainer defaults: the overrides `mem1 train ppo` applies before the user's: GAE with a critic (the paper)."""
+GRPO_DEFAULTS: tuple[str, ...] = (
+    "ppo.adv_estimator=grpo",
+    "ppo.samples_per_task=4",
+    "ppo.kl_in_loss=true",
+    "ppo.kl_kind=k3",
+)
+"""Overrides `mem1 train grpo` applies before the user's: the grpo estimator, a group of 4
+samples per task, the KL as a k3 loss term (DeepSeekMath §4.1). Explicit `--set` values win
+(`--set ppo.adv_estimator=rloo` trains RLOO with the same group and KL)."""
+TRAINER_DEFAULTS: dict[str, tuple[str, ...]] = {"ppo": PPO_DEFAULTS, "grpo": GRPO_DEFAULTS}
+"""`mem1 train <name>` and the train-<name> flows: their defaults, by trainer name."""
 
 
 @dataclass(frozen=True)

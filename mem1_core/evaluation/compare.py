@@ -15,10 +15,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from mem1_core.deprecated import moved_names
 from mem1_core.evaluation.headline import cells_table, read_headline
 from mem1_core.evaluation.report import pm
 from mem1_core.runs import atomic
 from mem1_core.runs.layout import EVAL
+
+__getattr__ = moved_names(__name__)  # old names (mem1_core.deprecated.MOVED)
 
 TREND_COLUMNS = [
     "night",
@@ -35,7 +38,7 @@ TREND_COLUMNS = [
 """trend.csv's columns (a trend begun before em_sum reads NaN there for its old nights)."""
 
 
-def read_metrics(run: str | Path) -> pd.DataFrame:
+def read_eval_table(run: str | Path) -> pd.DataFrame:
     """A run's evaluation table; a clear error when the run has none."""
     path = Path(run) / "eval" / "metrics.csv"
     if not path.is_file():

@@ -25,16 +25,16 @@ KL coefficient 1e-3):
   the reward-to-go along generated tokens (REINFORCE++'s return).
 - `masked_mean` / `masked_var` / `masked_whiten`: statistics over generated tokens only.
 
-KL variants are chosen by name through `KL_ESTIMATORS`; advantage estimators are registered
+KL variants are chosen by name through `KL_ESTIMATORS` (mem1_core.config.methods); advantage estimators are registered
 by name in mem1_core.rl.estimators.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import Tensor
+
+from mem1_core.config.methods import KL_ESTIMATORS
 
 # exp() of a log-ratio above ~88 overflows float32; |log-ratio| > 20 means the two
 # policies disagree by a factor of 5e8 and the estimate is meaningless anyway. verl's
@@ -121,39 +121,29 @@ def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float =
 # ------------------------------------------------------------------------------ KL
 
 
+# Schulman, "Approximating KL divergence" (2020). Samples come from the policy whose logp is
+# the first argument; all estimate KL(policy || ref).
+@KL_ESTIMATORS.register("k1")  # log(p/q): unbiased, high variance, can be negative
 def _kl_k1(logp: Tensor, ref_logp: Tensor) -> Tensor:
     return logp - ref_logp
 
 
+@KL_ESTIMATORS.register("k2")  # 0.5 log(p/q)^2: biased, low variance, its gradient is the KL's
 def _kl_k2(logp: Tensor, ref_logp: Tensor) -> Tensor:
     return 0.5 * (logp - ref_logp) ** 2
 
 
+@KL_ESTIMATORS.register("k3")  # (r - 1) - log r, r = q/p: unbiased, low variance, >= 0 (GRPO)
 def _kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
     log_r = (ref_logp - logp).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     return (torch.expm1(log_r) - log_r).clamp(-_MAX_K3, _MAX_K3)
-
-
-KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
-    # Schulman, "Approximating KL divergence" (2020). Samples come from the policy whose
-    # logp is the first argument; all estimate KL(policy || ref).
-    "k1": _kl_k1,  # log(p/q): unbiased, high variance, can be negative
-    "k2": _kl_k2,  # 0.5 log(p/q)^2: biased, low variance, its gradient is the KL's
-    "k3": _kl_k3,  # (r - 1) - log r, r = q/p: unbiased, low variance, >= 0 (GRPO); <= 10
-}
 
 
 def kl_estimate(logp: Tensor, ref_logp: Tensor, kind: str) -> Tensor:
     """Per-token KL(policy || ref) estimate, elementwise. logp, ref_logp: (B, L) -> (B, L).
 
     Does not mask: mask the inputs (or the result) at environment tokens."""
-    try:
-        estimator = KL_ESTIMATORS[kind]
-    except KeyError:
-        raise ValueError(
-            f"unknown KL estimator {kind!r}; choose one of {sorted(KL_ESTIMATORS)}"
-        ) from None
-    return estimator(logp, ref_logp)
+    return KL_ESTIMATORS[kind](logp, ref_logp)
 
 
 # ----------------------------------------------------------------------- rewards
@@ -316,3 +306,6 @@ def discounted_returns(rewards: Tensor, loss_mask: Tensor, gamma: float) -> Tens
     through the environment tokens, as our (and verl's, since its PR #2337) GAE does."""
     check_loss_mask(loss_mask, rewards)
     return gae(rewards, torch.zeros_like(rewards), loss_mask, gamma, 1.0)[0]
+
+
+KL_ESTIMATORS.check_complete()

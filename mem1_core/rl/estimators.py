@@ -25,6 +25,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from mem1_core.config.methods import ADV_ESTIMATORS
 from mem1_core.rl.advantages import (
     check_loss_mask,
     discounted_returns,
@@ -65,8 +66,9 @@ class Estimator:
     """Needs several samples per task (`ppo.samples_per_task` >= 2): its baseline is the group."""
 
 
-ESTIMATORS: dict[str, Estimator] = {}
-"""Every registered estimator by name (`ppo`'s `estimator` argument, `mem1 train`'s)."""
+ESTIMATORS = ADV_ESTIMATORS
+"""Every estimator by name (`ppo.adv_estimator`): mem1_core.config.methods.ADV_ESTIMATORS,
+whose names the config checks."""
 
 
 def register_adv_est(
@@ -75,19 +77,13 @@ def register_adv_est(
     """Register the decorated function as the estimator `name`."""
 
     def add(fn: AdvantageFn) -> AdvantageFn:
-        if name in ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is registered twice")
-        ESTIMATORS[name] = Estimator(name, fn, uses_critic, whiten, grouped)
+        ESTIMATORS.add(name, Estimator(name, fn, uses_critic, whiten, grouped))
         return fn
 
     return add
 
 
 def get_estimator(name: str) -> Estimator:
-    if name not in ESTIMATORS:
-        raise ValueError(
-            f"unknown advantage estimator {name!r}; choose one of {sorted(ESTIMATORS)}"
-        )
     return ESTIMATORS[name]
 
 
@@ -159,3 +155,6 @@ def reinforce_plus_plus_baseline_estimator(
     scores = _scores(rewards, loss_mask, group_ids, "reinforce_plus_plus_baseline")
     adv = grpo_advantages(scores, group_ids, loss_mask, normalize_std=False)
     return adv, adv
+
+
+ESTIMATORS.check_complete()

@@ -19,15 +19,17 @@ continues with the coefficient it had.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from mem1_core.config.methods import KL_CONTROLLERS
 
 _MAX_PROPORTIONAL_ERROR = 0.2  # Ziegler et al.'s clip of the proportional error
 
 
+@KL_CONTROLLERS.register("fixed")
 def fixed_kl_coef(coef: float, kl: float, n_steps: int, target_kl: float, horizon: int) -> float:
     return coef
 
 
+@KL_CONTROLLERS.register("adaptive")
 def adaptive_kl_coef(coef: float, kl: float, n_steps: int, target_kl: float, horizon: int) -> float:
     """The next coefficient after a batch of `n_steps` trajectories whose KL was `kl`."""
     if target_kl <= 0 or horizon <= 0:
@@ -38,8 +40,4 @@ def adaptive_kl_coef(coef: float, kl: float, n_steps: int, target_kl: float, hor
     return coef * (1.0 + error * n_steps / horizon)
 
 
-KL_CONTROLLERS: dict[str, Callable[[float, float, int, float, int], float]] = {
-    # (coef, measured KL, trajectories in the batch, target_kl, horizon) -> next coef
-    "fixed": fixed_kl_coef,
-    "adaptive": adaptive_kl_coef,
-}
+KL_CONTROLLERS.check_complete()

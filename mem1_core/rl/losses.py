@@ -28,12 +28,12 @@ the GRPO-style alternative (KL as a loss term, DeepSeekMath §4.1).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
+from mem1_core.config.methods import LOSS_AGG_MODES, POLICY_LOSSES
 from mem1_core.rl.advantages import check_loss_mask, kl_estimate, masked_var
 
 # Same guard as the KL estimators: keeps exp() finite; no PPO step moves a token's
@@ -41,13 +41,6 @@ from mem1_core.rl.advantages import check_loss_mask, kl_estimate, masked_var
 _MAX_LOG_RATIO = 20.0
 # GSPO's sequence ratio: verl clamps its log at 10 (`compute_policy_loss_gspo`).
 _MAX_SEQ_LOG_RATIO = 10.0
-
-LOSS_AGG_MODES = (
-    "token-mean",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-sum-norm",
-)
 
 
 @dataclass(frozen=True)
@@ -105,19 +98,33 @@ def agg_loss(
         tokens = loss_mask.sum().clamp_min(1)
     if seqs is None:
         seqs = loss_mask.any(1).sum().clamp_min(1)
-    if mode == "token-mean":
-        return masked.sum() / tokens
-    if mode == "seq-mean-token-mean":
-        return (masked.sum(1) / loss_mask.sum(1).clamp_min(1)).sum() / seqs
-    if mode == "seq-mean-token-sum":
-        return masked.sum() / seqs
-    if mode == "seq-mean-token-sum-norm":
-        if scale_factor is None or scale_factor <= 0:
-            raise ValueError(
-                f"seq-mean-token-sum-norm needs a fixed scale_factor > 0, got {scale_factor}"
-            )
-        return masked.sum() / (seqs * scale_factor)
-    raise ValueError(f"unknown loss_agg_mode {mode!r}; choose one of {list(LOSS_AGG_MODES)}")
+    return LOSS_AGG_MODES[mode](masked, loss_mask, tokens, seqs, scale_factor)
+
+
+# The modes (`ppo.loss_agg_mode`): (masked per-token loss, loss_mask, tokens, seqs,
+# scale_factor) -> scalar.
+@LOSS_AGG_MODES.register("token-mean")
+def _token_mean(masked: Tensor, loss_mask: Tensor, tokens, seqs, scale_factor) -> Tensor:
+    return masked.sum() / tokens
+
+
+@LOSS_AGG_MODES.register("seq-mean-token-mean")
+def _seq_mean_token_mean(masked: Tensor, loss_mask: Tensor, tokens, seqs, scale_factor) -> Tensor:
+    return (masked.sum(1) / loss_mask.sum(1).clamp_min(1)).sum() / seqs
+
+
+@LOSS_AGG_MODES.register("seq-mean-token-sum")
+def _seq_mean_token_sum(masked: Tensor, loss_mask: Tensor, tokens, seqs, scale_factor) -> Tensor:
+    return masked.sum() / seqs
+
+
+@LOSS_AGG_MODES.register("seq-mean-token-sum-norm")
+def _seq_mean_token_sum_norm(masked: Tensor, loss_mask: Tensor, tokens, seqs, scale_factor):
+    if scale_factor is None or scale_factor <= 0:
+        raise ValueError(
+            f"seq-mean-token-sum-norm needs a fixed scale_factor > 0, got {scale_factor}"
+        )
+    return masked.sum() / (seqs * scale_factor)
 
 
 def _agg(x: Tensor, loss_mask: Tensor, normalizer: Normalizer) -> Tensor:
@@ -160,6 +167,7 @@ def _ratio_metrics(
         }
 
 
+@POLICY_LOSSES.register("vanilla")  # token-level PPO-clip (+ clip-higher, dual-clip)
 def clipped_policy_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -208,6 +216,7 @@ def clipped_policy_loss(
     return loss, metrics | _ratio_metrics(ratio, log_ratio, binding, loss_mask, normalizer)
 
 
+@POLICY_LOSSES.register("gspo")  # sequence-level ratio
 def gspo_policy_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -252,17 +261,6 @@ def gspo_policy_loss(
     metrics = _ratio_metrics(torch.exp(log_ratio), log_ratio, binding, loss_mask, normalizer)
     metrics["seq_ratio_dev"] = token_mean((s.detach() - 1).abs(), loss_mask, normalizer)
     return loss, metrics
-
-
-PolicyLoss = Callable[..., tuple[Tensor, dict[str, Tensor]]]
-"""(logp, old_logp, adv, loss_mask, clip_eps, *, clip_eps_high, dual_clip, is_weights,
-normalizer) -> (loss, metrics); each reads the keywords it uses."""
-
-POLICY_LOSSES: dict[str, PolicyLoss] = {
-    # `ppo.policy_loss` (verl: actor.policy_loss.loss_mode)
-    "vanilla": clipped_policy_loss,  # token-level PPO-clip (+ clip-higher, dual-clip)
-    "gspo": gspo_policy_loss,  # sequence-level ratio
-}
 
 
 def clipped_value_loss(
@@ -333,3 +331,7 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
     var_residual = masked_var(returns - values, mask)
     nan = torch.full_like(var_returns, float("nan"))
     return torch.where(var_returns > 0, 1 - var_residual / var_returns, nan)
+
+
+LOSS_AGG_MODES.check_complete()
+POLICY_LOSSES.check_complete()

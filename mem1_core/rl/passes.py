@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,6 +121,40 @@ LOCAL = Split()
 """The single learner: all rows here."""
 
 
+@dataclass(frozen=True)
+class UpdateSettings:
+    """Everything one learner update runs with, fixed by the driver (Learner.update) and
+    handed unchanged from `ppo.update` down to the loss: the algorithm's config, the values
+    the run resolves for this update, and how the passes run. One argument instead of
+    eight threaded by hand; nothing here rewrites the config."""
+
+    ppo: PPOConfig
+    """The algorithm (`ppo` section), as loaded."""
+    attn: str
+    """The attention implementation of the passes (`model.attn`)."""
+    kl_coef: float
+    """The KL coefficient of this update: the KL controller's current one (starts at
+    `ppo.kl_coef`; mem1_core.rl.kl_control)."""
+    loss_scale_factor: float | None = None
+    """seq-mean-token-sum-norm's normaliser, resolved (Config.loss_scale_factor)."""
+    pad_id: int = 0
+    """The tokenizer's pad id, for the rows of a flattened batch."""
+    temperature: float = 1.0
+    """The rollout's sampling temperature: log-probs are those of the distribution sampled
+    from (`rollout.temperature`, 1 when greedy)."""
+    seq_bucket: int = 1
+    """Pad flattened batches and micro-batches to a multiple of this (ModelConfig.seq_bucket)."""
+    split: Split = LOCAL
+    """How the passes are split over processes (an FSDP rank's RankSplit; LOCAL: none)."""
+
+    @classmethod
+    def of(cls, ppo: PPOConfig, attn: str, **settings: Any) -> UpdateSettings:
+        """Settings whose kl_coef and loss_scale_factor are `ppo`'s own unless given."""
+        settings.setdefault("kl_coef", ppo.kl_coef)
+        settings.setdefault("loss_scale_factor", ppo.loss_scale_factor)
+        return cls(ppo, attn, **settings)
+
+
 def emptied(mb: FlatBatch, t: Targets | None = None) -> tuple[FlatBatch, Targets | None]:
     """A stand-in micro-batch: no generated token, so no log-prob is read and the loss is 0."""
     none = torch.zeros_like(mb.loss_mask)
@@ -130,16 +163,7 @@ def emptied(mb: FlatBatch, t: Targets | None = None) -> tuple[FlatBatch, Targets
 
 
 @torch.no_grad()
-def score(
-    models: Models,
-    rb: RolloutBatch,
-    attn: str,
-    micro_batch_size: int,
-    temperature: float = 1.0,
-    *,
-    seq_bucket: int = 1,
-    split: Split = LOCAL,
-) -> Targets:
+def score(models: Models, rb: RolloutBatch, s: UpdateSettings) -> Targets:
     """Old log-probs (current policy), reference log-probs and values, all over the tree,
     log-probs at the rollout's sampling temperature (the distribution sampled from).
     Advantages and returns are left empty (zeros) for `estimate_advantages`. Split over
@@ -149,22 +173,23 @@ def score(
     old = torch.zeros(b, length, device=rb.batch.input_ids.device)
     ref = torch.zeros_like(old) if models.reference is not None else None
     values = torch.zeros_like(old) if models.critic is not None else None
-    plan = split.micro_batches(torch.arange(b), micro_batch_size, rb.batch, seq_bucket)
+    split, attn = s.split, s.attn
+    plan = split.micro_batches(torch.arange(b), s.ppo.micro_batch_size, rb.batch, s.seq_bucket)
     for rows, n, real in plan:
         mb = select_rows(rb.batch, rows, n)
         mb = mb if real else emptied(mb)[0]
         # A BlockMask (flex) is built once and read by all three models.
         mask = split.mask(models.policy, mb, attn)
-        logp = split.forward(models.policy, mb, attn, temperature=temperature, mask=mask).logprobs
+        logp = split.forward(models.policy, mb, attn, temperature=s.temperature, mask=mask)
         ref_logp = None
         if ref is not None:
             ref_logp = split.forward(
-                models.reference, mb, attn, temperature=temperature, mask=mask
+                models.reference, mb, attn, temperature=s.temperature, mask=mask
             ).logprobs
         v = models.critic(mb, attn, mask=mask) if values is not None else None
         if not real:
             continue
-        old[rows, :n] = logp
+        old[rows, :n] = logp.logprobs
         if ref is not None:
             ref[rows, :n] = ref_logp
         if values is not None:
@@ -176,14 +201,15 @@ def score(
     return Targets(rb.batch.loss_mask, old, zeros, zeros, values, ref)
 
 
-def minibatch_agg(t: Targets, rows: Tensor, cfg: PPOConfig) -> LossAgg:
-    """How the losses of minibatch `rows` aggregate (`cfg.loss_agg_mode`), over its counts."""
-    if cfg.loss_agg_mode == "seq-mean-token-sum-norm" and cfg.loss_scale_factor is None:
+def minibatch_agg(t: Targets, rows: Tensor, s: UpdateSettings) -> LossAgg:
+    """How the losses of minibatch `rows` aggregate (`ppo.loss_agg_mode`), over its counts."""
+    mode = s.ppo.loss_agg_mode
+    if mode == "seq-mean-token-sum-norm" and s.loss_scale_factor is None:
         raise ValueError(
-            "ppo.loss_agg_mode=seq-mean-token-sum-norm needs ppo.loss_scale_factor; the "
-            "learner fills it from the rollout budget (Config.loss_scale_factor)"
+            "ppo.loss_agg_mode=seq-mean-token-sum-norm needs a loss_scale_factor; the "
+            "learner resolves it from the rollout budget (Config.loss_scale_factor)"
         )
-    return LossAgg.of(t.loss_mask[rows], cfg.loss_agg_mode, cfg.loss_scale_factor)
+    return LossAgg.of(t.loss_mask[rows], mode, s.loss_scale_factor)
 
 
 def ppo_loss(
@@ -191,12 +217,13 @@ def ppo_loss(
     entropy: Tensor | None,
     values: Tensor | None,
     t: Targets,
-    cfg: PPOConfig,
+    s: UpdateSettings,
     normalizer: LossAgg,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The minibatch objective on one micro-batch. logp, entropy, values: (b, l) and the
     matching Targets -> scalar loss (policy + value + KL/entropy terms), metrics. Only
     generated tokens enter; `normalizer` holds the whole minibatch's counts (minibatch_agg)."""
+    cfg = s.ppo
     low, high = cfg.clip_range
     loss, m = POLICY_LOSSES[cfg.policy_loss](
         logp,
@@ -222,7 +249,7 @@ def ppo_loss(
         metrics["entropy"] = ent.detach()
     if cfg.kl_in_loss and t.ref_logp is not None:
         kl, _ = kl_loss(logp, t.ref_logp, t.loss_mask, cfg.kl_kind, normalizer=normalizer)
-        loss = loss + cfg.kl_coef * kl
+        loss = loss + s.kl_coef * kl
         metrics["kl_loss"] = kl.detach()
     return loss, metrics
 
@@ -232,19 +259,15 @@ def accumulate_gradients(
     batch: FlatBatch,
     t: Targets,
     rows: Tensor,
-    cfg: PPOConfig,
-    attn: str,
-    temperature: float = 1.0,
-    *,
-    seq_bucket: int = 1,
-    split: Split = LOCAL,
+    s: UpdateSettings,
 ) -> tuple[dict[str, Tensor], bool]:
     """Backward of one minibatch (`rows`; this process's share of it), micro-batch by
     micro-batch, into `.grad`. -> the summed metrics, and whether every loss was finite."""
-    normalizer = minibatch_agg(t, rows, cfg)  # the whole minibatch's counts
+    cfg, split, attn = s.ppo, s.split, s.attn
+    normalizer = minibatch_agg(t, rows, s)  # the whole minibatch's counts
     total: dict[str, Tensor] = {}
     finite = True
-    for micro, n, real in split.micro_batches(rows, cfg.micro_batch_size, batch, seq_bucket):
+    for micro, n, real in split.micro_batches(rows, cfg.micro_batch_size, batch, s.seq_bucket):
         mb, tm = select_rows(batch, micro, n), t.rows(micro, n)
         if not real:
             mb, tm = emptied(mb, tm)
@@ -254,12 +277,12 @@ def accumulate_gradients(
             mb,
             attn,
             with_entropy=cfg.entropy_coef > 0,
-            temperature=temperature,
+            temperature=s.temperature,
             mask=mask,
         )
         # The critic always runs one pass; it reuses the policy's mask when there is one.
         values = models.critic(mb, attn, mask=mask) if models.critic is not None else None
-        loss, metrics = ppo_loss(out.logprobs, out.entropy, values, tm, cfg, normalizer)
+        loss, metrics = ppo_loss(out.logprobs, out.entropy, values, tm, s, normalizer)
         finite = finite and bool(torch.isfinite(loss))
         if not finite and split.stop_early:
             break
@@ -284,11 +307,10 @@ def _full_norm(norm: Tensor) -> float:
 def optimizer_step(
     models: Models,
     optimizers: dict[str, torch.optim.Optimizer],
-    cfg: PPOConfig,
+    s: UpdateSettings,
     guard: NonFiniteGuard,
     metrics: dict[str, Tensor],
     finite_loss: bool,
-    split: Split = LOCAL,
 ) -> dict[str, float] | None:
     """Clip and step every optimiser, or none: a non-finite loss (on any process) or
     gradient norm skips the whole step. Gradients are cleared either way. -> the metrics
@@ -296,7 +318,7 @@ def optimizer_step(
     keys = sorted(metrics)
     device = next(models.policy.parameters()).device
     flag = torch.tensor(0.0 if finite_loss else 1.0, device=device)
-    packed = split.reduce(
+    packed = s.split.reduce(
         torch.stack(
             [flag, *(torch.as_tensor(metrics[k]).detach().float().to(device) for k in keys)]
         )
@@ -306,7 +328,7 @@ def optimizer_step(
     if loss_ok:
         for name, params in trainable_parameters(models).items():
             norms[f"{name}_grad_norm"] = _full_norm(
-                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+                torch.nn.utils.clip_grad_norm_(params, s.ppo.grad_clip)
             )
     finite = loss_ok and all(math.isfinite(v) for v in norms.values())
     guard.record(finite, "gradient norm" if loss_ok else "loss")
@@ -325,42 +347,21 @@ def ppo_epochs(
     optimizers: dict[str, torch.optim.Optimizer],
     rb: RolloutBatch,
     t: Targets,
-    cfg: PPOConfig,
-    attn: str,
+    s: UpdateSettings,
     guard: NonFiniteGuard,
     generator: torch.Generator | None = None,
-    temperature: float = 1.0,
-    *,
-    seq_bucket: int = 1,
-    split: Split = LOCAL,
 ) -> dict[str, float]:
-    """`cfg.ppo_epochs` passes over shuffled minibatches of trajectories (the same order in
-    every process: the same generator). -> mean metrics."""
-
-    def step(rows: Tensor) -> dict[str, float] | None:
-        metrics, finite = accumulate_gradients(
-            models, rb.batch, t, rows, cfg, attn, temperature, seq_bucket=seq_bucket, split=split
-        )
-        return optimizer_step(models, optimizers, cfg, guard, metrics, finite, split)
-
-    return run_epochs(rb.batch.input_ids, cfg, generator, step)
-
-
-def run_epochs(
-    input_ids: Tensor,
-    cfg: PPOConfig,
-    generator: torch.Generator | None,
-    step: Callable[[Tensor], dict[str, float] | None],
-) -> dict[str, float]:
-    """The epoch loop of every learner: `cfg.ppo_epochs` passes over the batch's rows in
-    shuffled minibatches; `step(rows)` trains on one and returns its metrics, or None when
-    it skipped the update. -> the metrics averaged over the steps taken, and the counts."""
+    """`ppo.ppo_epochs` passes over the batch's rows in shuffled minibatches (the same order
+    in every process: the same generator), each accumulated and stepped, or skipped when
+    non-finite. -> the metrics averaged over the steps taken, and the counts."""
+    ids = rb.batch.input_ids
     sums: dict[str, float] = {}
     steps = skipped = 0
-    for _ in range(cfg.ppo_epochs):
-        order = torch.randperm(input_ids.shape[0], generator=generator).to(input_ids.device)
-        for rows in order.split(cfg.minibatch_size):
-            done = step(rows)
+    for _ in range(s.ppo.ppo_epochs):
+        order = torch.randperm(ids.shape[0], generator=generator).to(ids.device)
+        for rows in order.split(s.ppo.minibatch_size):
+            metrics, finite = accumulate_gradients(models, rb.batch, t, rows, s)
+            done = optimizer_step(models, optimizers, s, guard, metrics, finite)
             if done is None:
                 skipped += 1
                 continue

@@ -37,7 +37,7 @@ from mem1_core.config import PPOConfig
 from mem1_core.rl.advantages import masked_whiten, token_rewards
 from mem1_core.rl.batch import Models, RolloutBatch, Targets, batch_stats, make_rollout_batch
 from mem1_core.rl.estimators import get_estimator
-from mem1_core.rl.passes import LOCAL, NonFiniteGuard, Split, ppo_epochs, score
+from mem1_core.rl.passes import NonFiniteGuard, UpdateSettings, ppo_epochs, score
 from mem1_core.rl.rollout_correction import rollout_is_weights
 from mem1_core.trajectory.record import Trajectory
 
@@ -53,10 +53,11 @@ def correct_rollout(rb: RolloutBatch, t: Targets, cfg: PPOConfig) -> tuple[Targe
     return dataclasses.replace(t, is_weights=weights), {k: float(v) for k, v in metrics.items()}
 
 
-def estimate_advantages(rb: RolloutBatch, t: Targets, cfg: PPOConfig) -> tuple[Targets, Tensor]:
-    """Token rewards -> advantages and returns (`cfg.adv_estimator`). -> `t` with them filled
+def estimate_advantages(rb: RolloutBatch, t: Targets, s: UpdateSettings) -> tuple[Targets, Tensor]:
+    """Token rewards -> advantages and returns (`ppo.adv_estimator`). -> `t` with them filled
     in, and the (B, L) token rewards (for logging)."""
-    kl_coef = 0.0 if cfg.kl_in_loss or t.ref_logp is None else cfg.kl_coef
+    cfg = s.ppo
+    kl_coef = 0.0 if cfg.kl_in_loss or t.ref_logp is None else s.kl_coef
     rewards = token_rewards(rb.scores, t.loss_mask, t.old_logp, t.ref_logp, kl_coef, cfg.kl_kind)
     est = get_estimator(cfg.adv_estimator)
     adv, returns = est.fn(
@@ -77,57 +78,30 @@ def update(
     models: Models,
     optimizers: dict[str, torch.optim.Optimizer],
     trajs: list[Trajectory],
-    cfg: PPOConfig,
-    *,
-    attn: str,
-    pad_id: int,
+    s: UpdateSettings,
     guard: NonFiniteGuard,
     generator: torch.Generator | None = None,
-    temperature: float = 1.0,
-    seq_bucket: int = 1,
-    split: Split = LOCAL,
 ) -> dict[str, Any]:
-    """One learner update on one iteration's trajectories with `cfg` (its kl_coef the
-    controller's current one, its loss_scale_factor resolved). -> stats (floats).
-    seq_bucket: pad flattened batches to a multiple of it (ModelConfig.seq_bucket).
-    split: how the passes are split over processes (an FSDP rank's RankSplit; LOCAL: none)."""
+    """One learner update on one iteration's trajectories with the settings `s` (the
+    driver's: its kl_coef the controller's current one). -> stats (floats), with the
+    seconds of each phase (verl's `fit` timers: where a learner's second goes)."""
+    cfg = s.ppo
     if get_estimator(cfg.adv_estimator).uses_critic != (models.critic is not None):
         raise ValueError(
             f"ppo.adv_estimator={cfg.adv_estimator!r} and the presence of a critic disagree"
         )
     device = next(models.policy.parameters()).device
     t0 = time.perf_counter()
-    rb = make_rollout_batch(trajs, pad_id, device, seq_bucket)
-    targets = score(
-        models,
-        rb,
-        attn,
-        cfg.micro_batch_size,
-        temperature=temperature,
-        seq_bucket=seq_bucket,
-        split=split,
-    )
+    rb = make_rollout_batch(trajs, s.pad_id, device, s.seq_bucket)
+    targets = score(models, rb, s)
     t1 = time.perf_counter()
     targets, correction = correct_rollout(rb, targets, cfg)
-    targets, rewards = estimate_advantages(rb, targets, cfg)
+    targets, rewards = estimate_advantages(rb, targets, s)
     stats = batch_stats(rb, targets, rewards, cfg.kl_kind) | correction
-    stats["kl_coef"] = cfg.kl_coef
+    stats["kl_coef"] = s.kl_coef
     t2 = time.perf_counter()
-    # Named phases (verl's `fit` timers): where a learner's second goes.
     stats["phase_score_seconds"] = t1 - t0  # old / reference log-probs and values
     stats["phase_advantages_seconds"] = t2 - t1
-    stats |= ppo_epochs(
-        models,
-        optimizers,
-        rb,
-        targets,
-        cfg,
-        attn,
-        guard,
-        generator=generator,
-        temperature=temperature,
-        seq_bucket=seq_bucket,
-        split=split,
-    )
+    stats |= ppo_epochs(models, optimizers, rb, targets, s, guard, generator)
     stats["phase_epochs_seconds"] = time.perf_counter() - t2  # the gradient steps
     return stats | {"nonfinite_total": guard.total}

@@ -36,10 +36,21 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from mem1_core.config.methods import ROLLOUT_IS_LEVELS
 from mem1_core.rl.advantages import check_loss_mask
 
 _MAX_LOG_RATIO = 20.0
-ROLLOUT_IS_LEVELS = ("token", "sequence")
+
+
+@ROLLOUT_IS_LEVELS.register("token")
+def _token_log_weights(log_w: Tensor, loss_mask: Tensor) -> Tensor:
+    return log_w
+
+
+@ROLLOUT_IS_LEVELS.register("sequence")
+def _sequence_log_weights(log_w: Tensor, loss_mask: Tensor) -> Tensor:
+    """One weight per trajectory: the summed log-ratio, broadcast to its generated tokens."""
+    return torch.where(loss_mask, log_w.sum(1, keepdim=True), 0)
 
 
 @torch.no_grad()
@@ -57,10 +68,7 @@ def rollout_is_weights(
     if threshold <= 0:
         raise ValueError(f"rollout_is threshold must be > 0, got {threshold}")
     log_w = torch.where(loss_mask, old_logp.float() - rollout_logp.float(), 0)
-    if level == "sequence":
-        log_w = torch.where(loss_mask, log_w.sum(1, keepdim=True), 0)
-    elif level != "token":
-        raise ValueError(f"unknown rollout_is level {level!r}; choose one of {ROLLOUT_IS_LEVELS}")
+    log_w = ROLLOUT_IS_LEVELS[level](log_w, loss_mask)
     raw = torch.exp(log_w.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
     truncated = loss_mask & (raw > threshold)
     weights = torch.where(loss_mask, raw.clamp(max=threshold), 0)
@@ -71,3 +79,6 @@ def rollout_is_weights(
         "rollout_is_threshold": torch.tensor(float(threshold), dtype=torch.float64),
     }
     return weights, metrics
+
+
+ROLLOUT_IS_LEVELS.check_complete()

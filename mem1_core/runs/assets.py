@@ -19,12 +19,15 @@ from mem1_core.data.compose import COMPOSER_VERSION, compose, write_tasks
 from mem1_core.data.prompts import task_prompt
 from mem1_core.data.qa_data import Loaded, load_hotpotqa, load_nq, world_questions
 from mem1_core.data.world import generate_world, write_world
+from mem1_core.deprecated import moved_names
 from mem1_core.models.model import build_tiny_model, load_model
 from mem1_core.models.tokenizer import load_tokenizer, train_tiny_tokenizer
 from mem1_core.retrieval import Retriever, load_index
 from mem1_core.rollout.env import QAEnvironment
 from mem1_core.rollout.loop import Task, tasks_from_table
 from mem1_core.runs.layout import RunPaths
+
+__getattr__ = moved_names(__name__)  # old names (mem1_core.deprecated.MOVED)
 
 
 def ensure_world(cfg: Config, paths: RunPaths) -> Path:
@@ -194,7 +197,7 @@ def prebuilt_index(cfg: Config) -> Path:
     return index_dir
 
 
-def ensure_index(cfg: Config, paths: RunPaths) -> Path:
+def ensure_run_index(cfg: Config, paths: RunPaths) -> Path:
     """The run's index: `retrieval.index` if given (never rebuilt), else one under
     `indexes/`, reused while the corpus fingerprint is unchanged."""
     from mem1_core.retrieval import ensure_index as ensure
@@ -216,7 +219,7 @@ def make_retriever(cfg: Config, paths: RunPaths) -> Retriever:
         from mem1_core.retrieval import HttpRetriever
 
         return HttpRetriever(cfg.retrieval.url, outage_s=cfg.retrieval.outage_seconds)
-    return load_index(ensure_index(cfg, paths))
+    return load_index(ensure_run_index(cfg, paths))
 
 
 def make_env(cfg: Config, paths: RunPaths, tokenizer, retriever: Retriever | None = None):
@@ -274,5 +277,5 @@ def prepare(cfg: Config, root: str | Path) -> RunPaths:
         ensure_tasks(cfg, paths, "test", n)
     ensure_tokenizer(cfg, paths)
     if cfg.retrieval.url is None:  # a retrieval server holds its own index
-        ensure_index(cfg, paths)
+        ensure_run_index(cfg, paths)
     return paths

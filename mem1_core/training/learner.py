@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from mem1_core.rl.batch import Models
 from mem1_core.rl.critic import VALUE_HEAD_FILE, Critic
 from mem1_core.rl.estimators import get_estimator
 from mem1_core.rl.kl_control import KL_CONTROLLERS
-from mem1_core.rl.passes import LOCAL, NonFiniteGuard, Split
+from mem1_core.rl.passes import LOCAL, NonFiniteGuard, Split, UpdateSettings
 from mem1_core.rl.ppo import update
 from mem1_core.runs.assets import ensure_tokenizer, load_policy
 from mem1_core.runs.checkpoint import (
@@ -143,23 +142,20 @@ class Learner:
         rank."""
         t0 = time.perf_counter()
         cfg = self.cfg
-        ppo = dataclasses.replace(
-            cfg.ppo, kl_coef=self.kl_coef, loss_scale_factor=cfg.loss_scale_factor
+        ppo = cfg.ppo
+        settings = UpdateSettings(
+            ppo,
+            attn=cfg.model.attn,
+            kl_coef=self.kl_coef,
+            loss_scale_factor=cfg.loss_scale_factor,
+            pad_id=self.tokenizer.pad_token_id,
+            temperature=cfg.rollout.temperature or 1.0,
+            seq_bucket=cfg.model.seq_bucket_tokens,
+            split=self.split,
         )
+        generator = torch.Generator().manual_seed(cfg.model.seed * 1_000_003 + iteration)
         with self.autocast:
-            stats = update(
-                self.models,
-                self.optimizers,
-                trajs,
-                ppo,
-                attn=cfg.model.attn,
-                pad_id=self.tokenizer.pad_token_id,
-                guard=self.guard,
-                generator=torch.Generator().manual_seed(cfg.model.seed * 1_000_003 + iteration),
-                temperature=cfg.rollout.temperature or 1.0,
-                seq_bucket=cfg.model.seq_bucket,
-                split=self.split,
-            )
+            stats = update(self.models, self.optimizers, trajs, settings, self.guard, generator)
         if "kl_ctrl_measured" in stats:  # a learner without a reference has no KL to control
             self.kl_coef = KL_CONTROLLERS[ppo.kl_ctrl](
                 self.kl_coef, stats["kl_ctrl_measured"], len(trajs), ppo.target_kl, ppo.kl_horizon

@@ -372,7 +372,7 @@ def train_sft(
         progress=progress,
         context_weight=cfg.sft.warm_start_context_weight if warm_start else 0.0,
         context_loss=fresh,
-        seq_bucket=cfg.model.seq_bucket,
+        seq_bucket=cfg.model.seq_bucket_tokens,
         gradient_checkpointing=cfg.model.gradient_checkpointing,
         stage="warm start" if warm_start else f"sft ({memory})",
     )

@@ -51,6 +51,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from mem1_core.config import Config
+from mem1_core.deprecated import moved_names
 from mem1_core.evaluation.summary import training_summary
 from mem1_core.retrieval.client import RetrieverUnavailable
 from mem1_core.rl.estimators import get_estimator
@@ -72,19 +73,7 @@ from mem1_core.trajectory.record import Trajectory, write_trajectories
 
 log = logging.getLogger(__name__)
 
-PPO_DEFAULTS: tuple[str, ...] = ("ppo.adv_estimator=gae",)
-"""Overrides `mem1 train ppo` applies before the user's: GAE with a critic (the paper)."""
-GRPO_DEFAULTS: tuple[str, ...] = (
-    "ppo.adv_estimator=grpo",
-    "ppo.samples_per_task=4",
-    "ppo.kl_in_loss=true",
-    "ppo.kl_kind=k3",
-)
-"""Overrides `mem1 train grpo` applies before the user's: the grpo estimator, a group of 4
-samples per task, the KL as a k3 loss term (DeepSeekMath §4.1). Explicit `--set` values win
-(`--set ppo.adv_estimator=rloo` trains RLOO with the same group and KL)."""
-TRAINER_DEFAULTS: dict[str, tuple[str, ...]] = {"ppo": PPO_DEFAULTS, "grpo": GRPO_DEFAULTS}
-"""`mem1 train <name>` and the train-<name> flows: their defaults, by trainer name."""
+__getattr__ = moved_names(__name__)  # PPO_DEFAULTS & co. live in mem1_core.config.training
 STOPPING_FAULTS = (ActorLost, DiskFull, RetrieverUnavailable)
 """Faults that stop a run with `RunStopped` (a clear line and the way to resume)."""
 
@@ -103,7 +92,7 @@ def _clean(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class Progress:
+class MetricsSink:
     """Where an iteration's record goes: metrics.jsonl (atomically), W&B (offline unless
     WANDB_MODE says otherwise; one run id across resumes) and the progress bar."""
 
@@ -171,6 +160,7 @@ class Progress:
             record["iteration"] + 1,
             reward=round(record["reward"], 3),
             kl=round(record["kl"], 4),
+            phases=phase_line(record),
             **({"held_out": round(record["eval/reward"], 3)} if "eval/reward" in record else {}),
             **({"signal": "NONE (all rewards equal)"} if record.get("no_signal") else {}),
         )
@@ -227,6 +217,20 @@ def iteration_record(
         "elapsed_seconds": elapsed_seconds,
         "tokens_per_s": stats["gen_tokens"] / seconds,
     }
+
+
+PHASES = {
+    "rollout": "rollout_seconds",
+    "old-logp": "train/phase_score_seconds",
+    "adv": "train/phase_advantages_seconds",
+    "update": "train/phase_epochs_seconds",
+}
+"""An iteration's named phases (verl's `fit` timers) -> their metrics.jsonl keys."""
+
+
+def phase_line(record: dict[str, Any]) -> str:
+    """`rollout 1.2s old-logp 0.3s adv 0.0s update 2.1s`: where an iteration's time went."""
+    return " ".join(f"{name} {record[key]:.1f}s" for name, key in PHASES.items() if key in record)
 
 
 def reward_signal(trajs: list[Trajectory]) -> dict[str, float]:
@@ -308,7 +312,9 @@ def train_rl(
     progress = None
     try:
         # W&B starts while the actors are still importing (their first call blocks).
-        progress = Progress(cfg, paths, estimator, read_state(ckpt).iteration if ckpt else 0, show)
+        progress = MetricsSink(
+            cfg, paths, estimator, read_state(ckpt).iteration if ckpt else 0, show
+        )
         state = runtime.restore(ckpt) if ckpt else TrainState(0)
         runtime.sync_weights()  # workers start from the learner's weights, resumed or not
         rollout_info = runtime.rollout_info()  # the backend, vLLM's version, the Python

@@ -61,7 +61,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_rl(args: argparse.Namespace) -> int:
-    from mem1_core.training.train_rl import TRAINER_DEFAULTS, train_rl
+    from mem1_core.config.training import TRAINER_DEFAULTS
+    from mem1_core.training.train_rl import train_rl
 
     # The trainer's name is a shorthand: its defaults, then the user's --set.
     args.overrides = [*TRAINER_DEFAULTS[args.trainer], *args.overrides]
