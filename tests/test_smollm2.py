@@ -305,7 +305,27 @@ def test_one_ppo_iteration_on_two_tasks_flags_no_signal(smol_dir, tmp_path, capl
     assert result["iterations"] == 1
     rows = [json.loads(x) for x in (tmp_path / "ppo/metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["reward"] == 0.0 and rows[-1]["no_signal"] == 1
-    assert rows[-1]["no_signal_groups"] == 1.0
+    assert "no_signal_groups" not in rows[-1]  # one sample per task: no groups to compare
     assert "no learning signal" in caplog.text
     ckpt = Path(result["checkpoint"])
     assert (ckpt / "optimizer.pt").is_file() and (ckpt / "policy/model.safetensors").is_file()
+
+
+def test_reward_signal_against_its_definition() -> None:
+    """no_signal: every reward equal; no_signal_groups: the share of multi-sample tasks whose
+    samples tied (absent with one sample per task)."""
+    from mem1_core.training.train_rl import reward_signal
+
+    def trajs(groups: list[list[float]]) -> list[Trajectory]:
+        out = []
+        for g, rewards in enumerate(groups):
+            for r in rewards:
+                t = Trajectory(f"t{g}", "mem1", [1], [["a"]], group=g)
+                t.em = [r]
+                out.append(t)
+        return out
+
+    assert reward_signal(trajs([[0.0], [0.0]])) == {"no_signal": 1}
+    assert reward_signal(trajs([[0.0], [1.0]])) == {"no_signal": 0}
+    got = reward_signal(trajs([[0.0, 1.0], [1.0, 1.0], [0.0, 0.0], [1.0, 0.0]]))
+    assert got == {"no_signal": 0, "no_signal_groups": 0.5}

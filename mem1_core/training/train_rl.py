@@ -234,15 +234,16 @@ def phase_line(record: dict[str, Any]) -> str:
 
 
 def reward_signal(trajs: list[Trajectory]) -> dict[str, float]:
-    """Whether an iteration's rewards can teach anything (iteration_record's `no_signal*`)."""
-    groups: dict[int, set[float]] = {}
+    """Whether an iteration's rewards can teach anything (iteration_record's `no_signal*`;
+    `no_signal_groups` only where tasks have several samples, a grouped estimator's case)."""
+    groups: dict[int, list[float]] = {}
     for t in trajs:
-        groups.setdefault(t.group, set()).add(t.reward)
-    flat = sum(len(r) == 1 for r in groups.values()) / max(len(groups), 1)
-    return {
-        "no_signal": int(len({t.reward for t in trajs}) <= 1),
-        "no_signal_groups": flat,
-    }
+        groups.setdefault(t.group, []).append(t.reward)
+    out = {"no_signal": int(len({t.reward for t in trajs}) <= 1)}
+    sampled = [r for r in groups.values() if len(r) > 1]
+    if sampled:
+        out["no_signal_groups"] = sum(len(set(r)) == 1 for r in sampled) / len(sampled)
+    return out
 
 
 def evaluate(runtime: Runtime, tasks: list[Task], out: Path) -> dict[str, float]:
