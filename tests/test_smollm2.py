@@ -26,6 +26,7 @@ from mem1_core.config import ModelConfig
 from mem1_core.config.loader import load_config
 from mem1_core.data.prompts import task_prompt
 from mem1_core.models.gguf import (
+    _RESOLVED,
     MARKER,
     SHIPPED,
     GGUFError,
@@ -96,6 +97,7 @@ def test_loaded_from_the_wheel_then_from_the_cache(smol_dir, smol) -> None:
     assert len(tok) == 49_152 and tok.chat_template
     # From the cache: nothing is written again, and it is quick.
     stamp = (directory / "model.safetensors").stat().st_mtime_ns
+    _RESOLVED.clear()  # as a new process: the cache is hashed and read, not rebuilt
     t0 = time.perf_counter()
     assert resolve_gguf(SMOL, smol_dir["root"]) == directory
     assert time.perf_counter() - t0 < smol_dir["build_seconds"] / 3

@@ -143,6 +143,10 @@ def dequantize(gguf: Path, out: Path) -> None:
     tok.save_pretrained(out)
 
 
+_RESOLVED: dict[tuple, Path] = {}
+"""(file, size, mtime, cache root) -> its verified cache directory, per process."""
+
+
 def resolve_gguf(name_or_path: str | os.PathLike, root: Path | None = None) -> Path:
     """The cached safetensors directory of a GGUF file or a shipped model's short name,
     de-quantized into the cache first if it is not there (or not intact)."""
@@ -158,9 +162,15 @@ def resolve_gguf(name_or_path: str | os.PathLike, root: Path | None = None) -> P
                 f"{gguf}: no such GGUF file; give an existing .gguf path or one of the shipped "
                 f"models: {', '.join(SHIPPED)}"
             )
+    st = gguf.stat()
+    key = (str(gguf.resolve()), st.st_size, st.st_mtime_ns, str(root or cache_root()))
+    known = _RESOLVED.get(key)
+    if known is not None and (known / MARKER).is_file():
+        return known  # checked earlier in this process: every stage's loads skip 0.6 s of hashing
     sha = file_sha256(gguf)
     directory = (root or cache_root()) / f"{gguf.stem}-{sha[:16]}"
     if _cache_ok(directory, sha):
+        _RESOLVED[key] = directory
         return directory
     print(f"de-quantizing {gguf.name} into {directory} (once; ~30 s on a laptop CPU)", flush=True)
     with atomic_dir(directory) as tmp:
@@ -168,6 +178,7 @@ def resolve_gguf(name_or_path: str | os.PathLike, root: Path | None = None) -> P
         files = {f.name: file_sha256(f) for f in sorted(tmp.iterdir()) if f.is_file()}
         record = {"source": str(gguf), "source_sha256": sha, "files": files}
         (tmp / MARKER).write_text(json.dumps(record, indent=2) + "\n")
+    _RESOLVED[key] = directory
     return directory
 
 
