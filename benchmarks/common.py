@@ -179,3 +179,20 @@ def synthetic_trajectories(
         infos = [ids(lens[2]) for _ in range(turns)]
         out.append(window_paths(prompt, gens, infos, window))
     return out
+
+
+def matmul_peak(dtype=None, repeats: int = 5) -> float:
+    """GFLOP/s of the best square matmul (1024 and 2048) in `dtype` (default float32) on the
+    current torch threads: the ceiling a dense training step can reach here."""
+    import torch
+
+    dtype = dtype or torch.float32
+    best = 0.0
+    for n in (1024, 2048):
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        torch.mm(a, b)
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            best = max(best, 2 * n**3 / (time.perf_counter() - t0))
+    return best / 1e9

@@ -41,21 +41,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import matmul_peak  # noqa: E402
+
 SMOL = "smollm2-135m-instruct"
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def matmul_peak(dtype: torch.dtype, repeats: int = 5) -> float:
-    """GFLOP/s of the best square matmul (1024, 2048) in `dtype` on the current threads."""
-    best = 0.0
-    for n in (1024, 2048):
-        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-        torch.mm(a, b)
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            torch.mm(a, b)
-            best = max(best, 2 * n**3 / (time.perf_counter() - t0))
-    return best / 1e9
 
 
 def emit(row: dict) -> dict:

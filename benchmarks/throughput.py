@@ -26,17 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def matmul_peak(repeats: int = 5) -> float:
-    best = 0.0
-    for n in (1024, 2048):
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        torch.mm(a, b)
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            torch.mm(a, b)
-            best = max(best, 2 * n**3 / (time.perf_counter() - t0))
-    return best / 1e9
+from benchmarks.common import matmul_peak  # noqa: E402
 
 
 def main() -> None:

@@ -163,22 +163,29 @@ def trajectory_markdown(traj: Trajectory, questions: Sequence[str] | None = None
             f" · {v.generated_tokens} generated"
         )
         lines.append("")
-        lines.append(f"- `<IS>` {_md(v.state) if v.state is not None else '_(none)_'}")
-        if v.query is not None:
-            lines.append(f"- `<query>` {_md(v.query)}")
-        if v.answer is not None:
-            lines.append(f"- `<answer>` {_md(v.answer)}")
-        if v.format_error:
-            lines.append(f"- invalid turn: {_md(v.format_error)}")
-        if v.info is not None:
-            more = (
-                f" … (+{v.info_chars - len(v.info)} characters)"
-                if v.info_chars > len(v.info)
-                else ""
-            )
-            lines.append(f"- `<info>` {_md(v.info)}{more}")
+        for label, text in _turn_fields(v):
+            shown = "_(none)_" if text is None else _md(text)
+            lines.append(f"- {f'`{label}`' if label.startswith('<') else label} {shown}")
         lines.append("")
     return "\n".join(lines)
+
+
+def _turn_fields(v) -> list[tuple[str, str | None]]:
+    """(label, text) of what a turn wrote and read, in the order both renderers show them:
+    the state (None: none written), the action, a format error, the trimmed `<info>`."""
+    fields: list[tuple[str, str | None]] = [("<IS>", v.state)]
+    if v.query is not None:
+        fields.append(("<query>", v.query))
+    if v.answer is not None:
+        fields.append(("<answer>", v.answer))
+    if v.format_error:
+        fields.append(("invalid turn:", v.format_error))
+    if v.info is not None:
+        more = (
+            f" … (+{v.info_chars - len(v.info)} characters)" if v.info_chars > len(v.info) else ""
+        )
+        fields.append(("<info>", v.info + more))
+    return fields
 
 
 def trajectory_text(
@@ -199,17 +206,10 @@ def trajectory_text(
             "",
             f"turn {v.turn}: {v.context_tokens} tokens in context, {v.pruned_tokens} pruned, "
             f"{v.generated_tokens} generated",
-            f"  <IS>     {v.state if v.state is not None else '(none)'}",
         ]
-        if v.query is not None:
-            lines.append(f"  <query>  {v.query}")
-        if v.answer is not None:
-            lines.append(f"  <answer> {v.answer}")
-        if v.format_error:
-            lines.append(f"  invalid turn: {v.format_error}")
-        if v.info is not None:
-            more = f" … (+{v.info_chars - len(v.info)} chars)" if v.info_chars > len(v.info) else ""
-            lines.append(f"  <info>   {' '.join(v.info.split())}{more}")
+        for label, text in _turn_fields(v):
+            shown = "(none)" if text is None else " ".join(text.split())
+            lines.append(f"  {label:<8} {shown}" if label.startswith("<") else f"  {label} {shown}")
     return "\n".join(lines) + "\n"
 
 

@@ -16,11 +16,12 @@ found through the package's metadata, never by importing it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from mem1_core.runs.atomic import file_sha256
 
 MARKER = "mem1-gguf.json"
 """The cache directory's record: the source file's hash and the hash of every file written."""
@@ -85,14 +86,6 @@ def shipped_file(name: str) -> Path:
             "--force-reinstall`"
         )
     return path
-
-
-def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _cache_ok(directory: Path, source_sha: str) -> bool:

@@ -10,6 +10,7 @@ is removed and the file it would have replaced is left as it was.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -99,6 +100,15 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
+
+
+def file_sha256(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    """The SHA-256 of a file's bytes, read in chunks (checkpoint manifests, model caches)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def write_parquet(table: pa.Table, path: str | os.PathLike) -> Path:

@@ -29,7 +29,6 @@ about a second per GB, small beside writing a paper-scale checkpoint.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import random
@@ -45,7 +44,7 @@ from torch import nn
 
 from mem1_core.deprecated import read_renamed
 from mem1_core.rl.critic import VALUE_HEAD_FILE, Critic
-from mem1_core.runs.atomic import atomic_dir, write_json
+from mem1_core.runs.atomic import atomic_dir, file_sha256, write_json
 from mem1_core.runs.layout import (
     CORRUPT_SUFFIX,
     PREFIX,
@@ -77,14 +76,6 @@ class TrainState:
 
 
 # ---- integrity -------------------------------------------------------------------------------
-
-
-def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def write_manifest(ckpt: Path) -> Path:
