@@ -164,6 +164,8 @@ OVERRIDES = [
     "rollout.gen_tokens_base=12",
     "rollout.gen_tokens_per_objective=2",
     "data.max_eval_tasks=2",
+    "ppo.eval_every=2",
+    "ppo.eval_objectives=[1]",
 ]
 
 
@@ -265,6 +267,15 @@ def test_sigkill_then_resume_loses_and_duplicates_no_iteration(tmp_path, monkeyp
     assert (
         "eval/reward" in rows[-1] and (out / "eval" / f"iter_{ITERATIONS - 1:06d}.parquet").exists()
     )
+    # The held-out curve at a second N (ppo.eval_objectives): every 2nd iteration, the one
+    # before the kill kept, the one after it written once; each row's mean is its file's.
+    curve = sorted(p.name for p in (out / "eval" / "n1").glob("*"))
+    assert curve == ["iter_000001.parquet", "iter_000003.parquet"]
+    for i in (1, 3):
+        held = read_trajectories(out / "eval" / "n1" / f"iter_{i:06d}.parquet")
+        assert len(held) == 2 and {t.n_objectives for t in held} == {1}
+        assert rows[i]["eval/n1/reward"] == pytest.approx(sum(t.reward for t in held) / 2)
+    assert not any("eval/n1/reward" in rows[i] for i in (0, 2))
 
 
 def test_a_checkpoint_records_the_memory_policy_it_trained_under(tmp_path):

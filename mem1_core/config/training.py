@@ -83,6 +83,10 @@ class PPOConfig(Section):
     """Write a checkpoint every this many iterations (the newest few are kept)."""
     eval_every: int = 0
     """Greedy evaluation on held-out tasks every K iterations (0: only at the end)."""
+    eval_objectives: tuple[int, ...] = ()
+    """More N for those evaluations, beside `data.train_objectives` (`eval/reward`): each
+    adds `eval/n{N}/...` to metrics.jsonl on `data.eval_tasks(N)` test tasks, so a run draws
+    its held-out curve at task lengths it never trained on (issue 27)."""
     max_nonfinite_in_row: int = 3
     """Stop with an error after this many skipped (non-finite) updates in a row."""
 
@@ -199,6 +203,8 @@ class PPOConfig(Section):
     def __post_init__(self) -> None:
         if self.minibatch_size % self.micro_batch_size:
             raise ValueError("ppo.minibatch_size must be a multiple of ppo.micro_batch_size")
+        if any(n < 1 for n in self.eval_objectives):
+            raise ValueError("ppo.eval_objectives: objective counts must be >= 1")
         self._check_toolbox()
 
     def _check_toolbox(self) -> None:

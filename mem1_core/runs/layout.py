@@ -122,8 +122,11 @@ class RunPaths:
     def part(self, i: int) -> Path:
         return self.trajectories / f"iter_{i:06d}.parquet"
 
-    def eval_part(self, i: int) -> Path:
-        return self.evals / f"iter_{i:06d}.parquet"
+    def eval_part(self, i: int, n: int | None = None) -> Path:
+        """Iteration i's held-out trajectories: at the training N in eval/, at another N
+        (`ppo.eval_objectives`) in eval/n{N}/."""
+        folder = self.evals if n is None else self.evals / f"n{n}"
+        return folder / f"iter_{i:06d}.parquet"
 
     def read_metrics(self) -> list[dict[str, Any]]:
         if not self.metrics.is_file():
@@ -142,7 +145,7 @@ class RunPaths:
 
     def truncate(self, start: int) -> None:
         """Forget iterations >= start (and any half-written temporaries)."""
-        for folder in (self.trajectories, self.evals):
+        for folder in (self.trajectories, self.evals, *self.evals.glob("n*/")):
             for p in folder.glob(".iter_*.tmp"):
                 p.unlink()
             for p in folder.glob("iter_*.parquet"):

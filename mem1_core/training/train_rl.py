@@ -246,11 +246,13 @@ def reward_signal(trajs: list[Trajectory]) -> dict[str, float]:
     return out
 
 
-def evaluate(runtime: Runtime, tasks: list[Task], out: Path) -> dict[str, float]:
-    """Greedy rollouts on held-out tasks, written to `out`; -> eval/* means."""
+def evaluate(
+    runtime: Runtime, tasks: list[Task], out: Path, prefix: str = "eval/"
+) -> dict[str, float]:
+    """Greedy rollouts on held-out tasks, written to `out`; -> their means under `prefix`."""
     trajs = runtime.rollout(tasks, seed=0, greedy=True)
     write_trajectories(trajs, out)
-    return training_summary(trajs, "eval/")
+    return training_summary(trajs, prefix)
 
 
 def _resume_state(paths: RunPaths, resume: bool, init: Path | None):
@@ -309,6 +311,11 @@ def train_rl(
     prepare(cfg, out)
     train_tasks = load_tasks(cfg, paths, "train", cfg.data.train_objectives)
     eval_tasks = load_tasks(cfg, paths, "test", cfg.data.train_objectives)
+    more_evals = {
+        n: load_tasks(cfg, paths, "test", n)
+        for n in cfg.ppo.eval_objectives
+        if n != cfg.data.train_objectives
+    }
     runtime = Runtime.start(cfg, paths, init=init_dir, use_ray=use_ray)
     progress = None
     try:
@@ -372,6 +379,8 @@ def train_rl(
                 )
             if last or (cfg.ppo.eval_every and (it + 1) % cfg.ppo.eval_every == 0):
                 record |= evaluate(runtime, eval_tasks, paths.eval_part(it))
+                for n, tasks in more_evals.items():
+                    record |= evaluate(runtime, tasks, paths.eval_part(it, n), f"eval/n{n}/")
             record = _clean({"estimator": estimator, **rollout_info, **record})
             write_trajectories(trajs, paths.part(it))
             progress.log(record)
