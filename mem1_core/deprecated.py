@@ -50,6 +50,22 @@ def read_renamed(values: Mapping[str, Any], old: str, where: str, default: Any =
     return default
 
 
+RETIRED_FIELDS: dict[str, str] = {
+    "pretrain.eval_every_minutes": "pretrain.eval_every (steps): evaluations on a clock made "
+    "a run's curve depend on the machine's load (issue 28)",
+}
+"""Config fields still honoured until REMOVED_IN, with what replaces each and why."""
+
+
+def warn_retired(field: str) -> None:
+    """A DeprecationWarning that the config sets `field` (a key of RETIRED_FIELDS)."""
+    warnings.warn(
+        f"{field} is deprecated: use {RETIRED_FIELDS[field]}; it is read until {REMOVED_IN}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
 MOVED: dict[str, str] = {
     "mem1_core.training.train_rl.PPO_DEFAULTS": "mem1_core.config.training.PPO_DEFAULTS",
     "mem1_core.training.train_rl.GRPO_DEFAULTS": "mem1_core.config.training.GRPO_DEFAULTS",

@@ -101,6 +101,18 @@ def test_a_list_drill_answers_when_the_count_is_reached_and_goes_on_before(k, wa
         drill_text(facts, "x", "y", k)  # fewer wanted than the list already holds
 
 
+SMALL_PRETRAIN = [
+    "pretrain.tasks_per_world=4",
+    "pretrain.drills_per_world=4",
+    "pretrain.question_drills_per_world=4",
+    "pretrain.eval_objectives=[1]",
+    "pretrain.eval_tasks=2",
+    "pretrain.batch_size=2",
+    "model.base=null",
+]
+"""A pretraining of seconds: a few tasks and drills per world, a 2-task evaluation."""
+
+
 def test_pretraining_continues_from_a_base_with_its_weights_tokenizer_and_history(tmp_path):
     """`pretrain.init`: the continued run starts from the base's own weights (at lr 0 they come
     out unchanged, where a fresh start would be other random weights), adopts its tokenizer
@@ -111,18 +123,14 @@ def test_pretraining_continues_from_a_base_with_its_weights_tokenizer_and_histor
     from mem1_core.config import load_config
     from mem1_core.training.pretrain import pretrain
 
-    small = [
-        "pretrain.minutes=0.01",
-        "pretrain.tasks_per_world=4",
-        "pretrain.drills_per_world=4",
-        "pretrain.question_drills_per_world=4",
-        "pretrain.eval_objectives=[1]",
-        "pretrain.eval_tasks=2",
-        "pretrain.batch_size=2",
-        "model.base=null",
-    ]
+    small = ["pretrain.steps=3", "pretrain.eval_every=2", *SMALL_PRETRAIN]
     first = pretrain(load_config("smoke", overrides=small), tmp_path / "a", progress=False)
     first_dir = tmp_path / "a" / "base"
+    # the count decides: 3 steps, held-out at steps 0 and 2 (eval_every) and at the end
+    assert first["steps"] == 3 and first["stopped_by"] == "count"
+    assert [e["step"] for e in first["held_out"]] == [0, 2, 3]
+    last = json.loads((tmp_path / "a" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last == {"step": 3, "minutes": last["minutes"], "stopped_by": "count"}
     # the curve is drawn beside the weights: held-out N=1 and the loss, two panels
     height, width, _ = plt.imread(first_dir / "curve.png").shape
     assert width > 1.5 * height
@@ -155,3 +163,19 @@ def test_held_out_series_is_each_n_in_step_order_with_its_standard_error():
         {"step": 10, "minutes": 1.0, "em_n1": 0.0, "se_n1": 0.0},  # N=2 not measured here
     ]
     assert held_out_series(evals) == {1: [(10, 0.0, 0.0), (20, 0.5, 0.1)], 2: [(20, 0.25, 0.05)]}
+
+
+def test_pretraining_stops_at_its_minute_cap_with_a_warning_and_says_so(tmp_path, caplog):
+    """pretrain.minutes is a cap (issue 28): a run slower than planned stops there, warns,
+    and records `stopped_by: minutes`; the deprecated clock interval still reads, warned."""
+    from mem1_core.config import load_config
+    from mem1_core.training.pretrain import pretrain
+
+    small = ["pretrain.steps=1000", "pretrain.minutes=0.001", *SMALL_PRETRAIN]
+    with caplog.at_level("WARNING", logger="mem1_core.training.pretrain"):
+        got = pretrain(load_config("smoke", overrides=small), tmp_path / "a", progress=False)
+    assert got["stopped_by"] == "minutes" and got["steps"] < 1000
+    assert "cap stopped it after" in caplog.text
+    with pytest.warns(DeprecationWarning, match="pretrain.eval_every_minutes is deprecated"):
+        cfg = load_config("smoke", overrides=["pretrain.eval_every_minutes=10"])
+    assert cfg.pretrain.eval_every_minutes == 10.0

@@ -14,6 +14,7 @@ from mem1_core.config.methods import (
     ROLLOUT_IS_LEVELS,
 )
 from mem1_core.config.sections import MEMORIES, Section
+from mem1_core.deprecated import warn_retired
 
 
 @dataclass(frozen=True)
@@ -357,8 +358,12 @@ class PretrainConfig(Section):
     """`mem1 pretrain`: the embedded default's base model, trained once on fresh worlds
     (mem1_core.training.pretrain). Model sizes come from the `model` section."""
 
-    minutes: float = 120.0
-    """Wall-clock budget (the lr schedule is cosine over it)."""
+    steps: int = 5300
+    """Length of the pretraining in optimiser steps: it decides, and the lr schedule is cosine
+    over it (issue 28). The shipped base took 5,289 (data/base/manifest.json)."""
+    minutes: float = 300.0
+    """Cap on its minutes: it stops a run far slower than planned, with a warning and
+    `stopped_by: minutes` in the manifest and the last metrics row."""
     lr: float = 2e-3
     warmup_fraction: float = 0.03
     weight_decay: float = 0.0
@@ -393,7 +398,11 @@ class PretrainConfig(Section):
     """Held-out worlds (the `tiny` evaluation world is seed 0; no round trains on it)."""
     eval_objectives: tuple[int, ...] = (1, 2, 4)
     eval_tasks: int = 32
-    eval_every_minutes: float = 10.0
+    eval_every: int = 250
+    """Held-out evaluation every this many steps (and at the end)."""
+    eval_every_minutes: float | None = None
+    """Deprecated (read until mem1_core.deprecated.REMOVED_IN): held-out evaluations on a
+    clock, the behaviour before the counts decided; set, it replaces `eval_every`."""
     init: str | None = None
     """Continue from this base (a directory with `manifest.json`: its weights and tokenizer,
     not its optimiser) instead of random weights: teaching an existing base a changed format
@@ -401,6 +410,10 @@ class PretrainConfig(Section):
     into the new one."""
 
     def __post_init__(self) -> None:
+        if self.steps < 1 or self.eval_every < 1 or self.minutes <= 0:
+            raise ValueError("pretrain.steps and pretrain.eval_every must be >= 1, minutes > 0")
+        if self.eval_every_minutes is not None:
+            warn_retired("pretrain.eval_every_minutes")
         if any(n > 2 or n < 1 for n in self.objectives):
             raise ValueError(
                 "pretrain.objectives must be 1 or 2: the base sees no multi-objective task "

@@ -36,6 +36,7 @@ figures are measured on worlds no round trained on (`pretrain.eval_world_seeds`)
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 import subprocess
@@ -60,6 +61,8 @@ from mem1_core.data.prompts import (
 from mem1_core.models.base import MANIFEST, format_fingerprint, tokenizer_hash
 from mem1_core.runs import atomic
 from mem1_core.runs.progress import Progress as StageProgress
+
+log = logging.getLogger(__name__)
 
 CURVE_PNG = "curve.png"  # held-out EM per N and the loss over steps (plot_base_curves)
 
@@ -303,17 +306,32 @@ def pretrain(cfg, out_dir: str | Path, *, resume: bool = False, progress: bool =
     if resume and (ckpt / "optimizer.pt").exists():
         opt.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
     rng = random.Random(f"{cfg.model.seed}:{state['round']}")
-    budget = pcfg.minutes * 60.0
+    budget = pcfg.minutes * 60.0  # a cap: pcfg.steps decides (issue 28)
     pool: list[Source] = []
     for r in range(max(0, state["round"] - pcfg.pool_worlds), state["round"]):
         pool.append(build_source(cfg, tok, worlds, pcfg.world_seed + r, pcfg))
     log_lines = [json.dumps(r) for r in state["curve"]]
-    bar = tqdm(desc="pretrain", unit="step", initial=state["step"], disable=not progress)
-    watch = StageProgress("pretrain", budget_seconds=budget, path=out / "progress.json")
+    bar = tqdm(
+        desc="pretrain", unit="step", total=pcfg.steps, initial=state["step"], disable=not progress
+    )
+    watch = StageProgress(
+        "pretrain", total=pcfg.steps, budget_seconds=budget, path=out / "progress.json"
+    )
     t_start = time.perf_counter() - state["seconds"]
-    every = pcfg.eval_every_minutes * 60.0
+    clock = pcfg.eval_every_minutes  # deprecated: evaluations on a clock
+    every = clock * 60.0 if clock is not None else None
     # the next multiple of the interval: a resumed run does not catch up on missed points
-    next_eval = 0.0 if not state["evals"] else (state["seconds"] // every + 1) * every
+    next_eval = (
+        0.0 if not state["evals"] or every is None else (state["seconds"] // every + 1) * every
+    )
+    stopped_by = "count"
+
+    def due() -> bool:
+        if every is not None:
+            return elapsed() >= next_eval
+        return state["step"] % pcfg.eval_every == 0 and all(
+            e["step"] != state["step"] for e in state["evals"]
+        )
 
     def elapsed() -> float:
         return time.perf_counter() - t_start
@@ -350,17 +368,28 @@ def pretrain(cfg, out_dir: str | Path, *, resume: bool = False, progress: bool =
             atomic.write_json(state, tmp / "state.json")
 
     model.train()
-    while elapsed() < budget:
+    while state["step"] < pcfg.steps:
+        if elapsed() >= budget:
+            stopped_by = "minutes"
+            log.warning(
+                "pretrain: its %.4g-minute cap stopped it after %d of %d steps (a slow or busy "
+                "machine; raise pretrain.minutes to run all its steps)",
+                pcfg.minutes,
+                state["step"],
+                pcfg.steps,
+            )
+            break
         if not pool or state["step"] >= (state["round"]) * pcfg.steps_per_world:
             pool.append(build_source(cfg, tok, worlds, pcfg.world_seed + state["round"], pcfg))
             pool = pool[-pcfg.pool_worlds :]
             state["round"] += 1
             save()
-        if elapsed() >= next_eval:
+        if due():
             evaluate()
-            next_eval = (elapsed() // every + 1) * every
+            if every is not None:
+                next_eval = (elapsed() // every + 1) * every
         for g in opt.param_groups:
-            g["lr"] = lr_at(min(elapsed() / budget, 1.0), pcfg.warmup_fraction, pcfg.lr)
+            g["lr"] = lr_at(state["step"] / pcfg.steps, pcfg.warmup_fraction, pcfg.lr)
         src = [s for s in pool for _ in range(1)]
         picks = [(s, rng.randrange(len(s.trees))) for s in rng.choices(src, k=pcfg.batch_size)]
         loss, n = sft_loss(
@@ -401,9 +430,11 @@ def pretrain(cfg, out_dir: str | Path, *, resume: bool = False, progress: bool =
         watch.update(state["step"], loss=round(float(loss.detach()), 3), world=state["round"])
     bar.close()
     watch.close()
-    evaluate()
+    if not state["evals"] or state["evals"][-1]["step"] != state["step"]:
+        evaluate()
     save()
-    atomic.write_text("\n".join(log_lines) + "\n", out / "metrics.jsonl")
+    last = {"step": state["step"], "minutes": round(elapsed() / 60, 2), "stopped_by": stopped_by}
+    atomic.write_text("\n".join([*log_lines, json.dumps(last)]) + "\n", out / "metrics.jsonl")
     base = out / "base"
     save_model(model, tok, base)
     plot(base / CURVE_PNG)
@@ -423,6 +454,7 @@ def pretrain(cfg, out_dir: str | Path, *, resume: bool = False, progress: bool =
         "eval_world_seeds": list(pcfg.eval_world_seeds),
         "steps": state["step"],
         "minutes": round(elapsed() / 60, 1),
+        "stopped_by": stopped_by,
         "tokens_per_second": round(state["tokens"] / max(elapsed(), 1e-9)),
         "curve": state["curve"][:: max(1, len(state["curve"]) // 200)],
         "held_out": state["evals"],
