@@ -1,18 +1,22 @@
-"""Does training learn? Warm start -> PPO and -> SFT from the same warm start, then greedy
-held-out reward (EM fraction on test tasks, whose entities no training task mentions) of each
-at N = the training objectives and more, with wall times; prints the table and the PPO reward
-curve and writes a PNG.
+"""Does training learn, and does MEM1 keep its memory? Issue 27's experiment as one command:
+a warm start, then every arm from it (PPO with MEM1 memory, PPO with the full context, SFT
+on the faithful teacher), each stopped by its count (ppo.iterations, sft.steps); then the
+pipeline's objective-scaling evaluation (greedy, held-out, agents × N, the headline's
+comparisons with standard errors) on the run's world and on worlds no stage trained on.
+Prints the tables and the curves, and writes learning.png and learning.json.
 
-    python benchmarks/learning.py --out runs/learning                # tiny profile budgets
-    python benchmarks/learning.py --out runs/learning --ppo-minutes 10 --sft-minutes 10 \
-        --eval-tasks 128 --eval-objectives 1 2 4 8                   # the README's numbers
-    python benchmarks/learning.py --out runs/l2 --init runs/learning/warm_start --objectives 1
+    python benchmarks/learning.py --out runs/learning --profile smol          # issue 27
+    python benchmarks/learning.py --out runs/l2 --init runs/learning/warm_start --arms mem1-ppo
+    python benchmarks/learning.py --out runs/learning --profile tiny --objectives-per-n 64
 
-With the `tiny` profile's `model.base` (data/base, `mem1 pretrain`) the warm start is the
-shipped base itself; `--set model.base=null` trains one from random weights instead.
+Run directories are the pipeline's stage names (warm_start, ppo_mem1, ppo_full, sft_mem1,
+eval, world<seed>/eval), so a finished arm is reused and a stopped one resumed by rerunning
+the same command. The PPO arms evaluate greedily every `ppo.eval_every` iterations at the
+training N and at `--curve-n` (`ppo.eval_objectives`): the held-out curves.
 
-The unknown rate is the fraction of objectives answered `?`: the habit of a forgetful teacher
-(`teacher.forget_rate`), which SFT copies and PPO on the task reward can unlearn.
+Agents as in the pipeline: `truncate-ppo` is the full-context policy with its context cut to
+the last turns (mem1_core.evaluation.stage.TRAINED_AGENTS); the teacher rows are the scripted
+teacher under MEM1 and under the full context (perfect play: what each memory costs).
 """
 
 from __future__ import annotations
@@ -23,163 +27,231 @@ import sys
 import time
 from pathlib import Path
 
+ARMS = ("mem1-ppo", "full-ppo", "mem1-sft")
+"""The trained arms, by the pipeline's agent names (mem1_core.evaluation.headline)."""
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
-    p.add_argument("--profile", default="tiny")
+    p.add_argument("--profile", default="smol")
     p.add_argument("--init", default=None, help="an existing warm start (skips training one)")
-    p.add_argument("--objectives", type=int, default=None, help="N of PPO/SFT (default: config)")
-    p.add_argument("--warm-minutes", type=float, default=None)
-    p.add_argument("--ppo-minutes", type=float, default=None)
-    p.add_argument("--sft-minutes", type=float, default=None)
-    p.add_argument("--eval-tasks", type=int, default=64, help="held-out tasks per N")
+    p.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     p.add_argument(
-        "--eval-objectives",
-        type=int,
-        nargs="+",
-        default=None,
-        help="N of the held-out evaluation (default: N of training and twice it)",
+        "--eval-objectives", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="N evaluated"
     )
+    p.add_argument(
+        "--objectives-per-n",
+        type=int,
+        default=128,
+        help="objectives per N of the final evaluation (ceil(this / N) test tasks)",
+    )
+    p.add_argument(
+        "--eval-worlds",
+        type=int,
+        nargs="*",
+        default=[4242],
+        help="world seeds no stage trained on, evaluated beside the run's own test split",
+    )
+    p.add_argument("--curve-n", type=int, nargs="*", default=[8], help="ppo.eval_objectives")
+    p.add_argument("--curve-points", type=int, default=4, help="held-out evaluations per arm")
+    p.add_argument("--no-teacher", action="store_true")
     p.add_argument("--no-ray", action="store_true")
     p.add_argument("--set", dest="overrides", action="append", default=[])
     args = p.parse_args(argv)
 
     from mem1_core.config import load_config
 
-    over = list(args.overrides)
-    if args.objectives:
-        over.append(f"data.train_objectives={args.objectives}")
-    if args.ppo_minutes is not None:
-        over += [f"ppo.minutes={args.ppo_minutes}", "ppo.iterations=100000"]
-    # compose enough test tasks (the profile's cap is the pipeline's, 8 per N for `tiny`)
-    over.insert(0, f"data.max_eval_tasks={args.eval_tasks}")
-    cfg = load_config(args.profile, None, over)
-    ns = args.eval_objectives or [cfg.data.train_objectives, 2 * cfg.data.train_objectives]
+    base = load_config(args.profile, None, args.overrides)
+    every = max(1, base.ppo.iterations // max(args.curve_points, 1))
+    curve = [f"ppo.eval_every={every}", f"ppo.eval_objectives={list(args.curve_n)}"]
+    # the user's --set come last: they win over the curve's defaults
+    cfg = load_config(args.profile, None, [*curve, *args.overrides])
     out = Path(args.out).resolve()
-    walls: dict[str, float] = {}
-
-    from mem1_core.runs.layout import resolve_init
-    from mem1_core.training.sft import train_sft
-    from mem1_core.training.train_rl import train_rl
-
-    warm = Path(args.init).resolve() if args.init else out / "warm_start"
-    if not args.init:
+    walls = train_arms(cfg, out, args)
+    agents = trained(out, args.arms)
+    evals = {}
+    for seed in [cfg.world.seed, *args.eval_worlds]:
         t0 = time.perf_counter()
-        train_sft(
-            cfg, warm, warm_start=True, assets_dir=out, resume=True, minutes=args.warm_minutes
-        )
-        walls["warm start"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    ppo_dir = out / "ppo"
-    train_rl(cfg, ppo_dir, resume=ppo_dir.exists(), init=warm, use_ray=not args.no_ray)
-    walls["ppo"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    sft_dir = out / "sft"
-    train_sft(
-        cfg,
-        sft_dir,
-        objectives=cfg.data.train_objectives,
-        init=resolve_init(warm),
-        assets_dir=out,
-        resume=True,
-        minutes=args.sft_minutes,
-    )
-    walls["sft"] = time.perf_counter() - t0
-
-    rows = heldout(
-        cfg,
-        out,
-        {
-            "warm start": resolve_init(warm),
-            "after SFT": resolve_init(sft_dir),
-            "after PPO": resolve_init(ppo_dir),
-        },
-        args.eval_tasks,
-        ns,
-    )
-    curve = [json.loads(x) for x in (ppo_dir / "metrics.jsonl").read_text().splitlines() if x]
-    print(
-        f"held-out greedy reward (EM fraction) and unknown rate, {args.eval_tasks} test "
-        f"tasks per N; trained on N={cfg.data.train_objectives}, teacher forget rate "
-        f"{cfg.teacher.forget_rate}:"
-    )
-    print("  " + " " * 11 + "".join(f"  N={n:<2} EM ± SE     unknown" for n in ns))
-    for name, per_n in rows.items():
-        print(
-            f"  {name:<11}"
-            + "".join(
-                f"  {per_n[n]['em_frac']:.3f} ± {per_n[n]['em_frac_se']:.3f}  "
-                f"{per_n[n]['unknown_rate']:.3f}  "
-                for n in ns
-            )
-        )
-    print("wall seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in walls.items()))
-    print("PPO iteration, train reward (sampled), unknown rate, held-out reward:")
-    for r in curve:
-        print(
-            f"  {r['iteration']:>4} {r['reward']:.3f} {r.get('unknown_rate', float('nan')):.3f}"
-            f" {r.get('eval/reward', '')}"
-        )
-    png = plot(curve, rows, ns, out / "learning.png")
+        evals[seed] = evaluate(args, out, agents, seed, cfg.world.seed)
+        walls[f"evaluation, world {seed}"] = time.perf_counter() - t0
+    curves = {
+        name: read_curve(out / sub)
+        for name, sub in (("mem1-ppo", "ppo_mem1"), ("full-ppo", "ppo_full"))
+        if (out / sub / "metrics.jsonl").is_file()
+    }
+    report(cfg, evals, curves, walls)
+    png = plot(curves, evals, cfg.data.train_objectives, out / "learning.png")
     (out / "learning.json").write_text(
-        json.dumps({"heldout": rows, "walls": walls, "config": cfg.to_dict()}, indent=1)
+        json.dumps(
+            {
+                "headline": {str(k): v for k, v in evals.items()},
+                "curves": curves,
+                "walls": walls,
+                "config": cfg.to_dict(),
+            },
+            indent=1,
+        )  # fmt: skip
     )
     print(f"plot: {png}")
     return 0
 
 
-def heldout(
-    cfg, out: Path, policies: dict[str, Path], n_tasks: int, ns: list[int]
-) -> dict[str, dict[int, dict]]:
-    """Greedy metrics of each policy on the first n_tasks test tasks of each N."""
-    from mem1_core.evaluation.evaluate import evaluate_policy
-    from mem1_core.models.model import load_model
-    from mem1_core.runs.assets import ensure_tokenizer, load_tasks, make_env, prepare
+def train_arms(cfg, out: Path, args) -> dict[str, float]:
+    """The warm start (unless --init) and each arm, resumed where a directory exists."""
+    from dataclasses import replace
 
-    paths = prepare(cfg, out)
-    tok = ensure_tokenizer(cfg, paths)
-    env = make_env(cfg, paths, tok)
-    tasks = {n: load_tasks(cfg, paths, "test", n)[:n_tasks] for n in ns}
-    out_rows: dict[str, dict[int, dict]] = {}
-    for name, p in policies.items():
-        model = load_model(p, cfg.model, tok)
-        out_rows[name] = {
-            n: evaluate_policy(model, tok, env, tasks[n], cfg.rollout, memory="mem1") for n in ns
-        }
-    return out_rows
+    from mem1_core.runs.layout import resolve_init
+    from mem1_core.training.sft import train_sft
+    from mem1_core.training.train_rl import train_rl
+
+    walls: dict[str, float] = {}
+
+    def timed(name, fn, *a, **kw):
+        t0 = time.perf_counter()
+        fn(*a, **kw)
+        walls[name] = time.perf_counter() - t0
+
+    warm = out / "warm_start"
+    if args.init:
+        warm.parent.mkdir(parents=True, exist_ok=True)
+        if not warm.exists():
+            warm.symlink_to(Path(args.init).resolve())
+    else:
+        timed("warm start", train_sft, cfg, warm, warm_start=True, resume=True)
+    init = resolve_init(warm)
+    for arm, sub, memory in (("mem1-ppo", "ppo_mem1", "mem1"), ("full-ppo", "ppo_full", "full")):
+        if arm in args.arms:
+            arm_cfg = replace(cfg, rollout=replace(cfg.rollout, memory=memory))
+            d = out / sub
+            timed(arm, train_rl, arm_cfg, d, resume=d.exists(), init=init, use_ray=not args.no_ray)
+    if "mem1-sft" in args.arms:
+        # the faithful teacher's N=train_objectives trajectories, sft.steps of them
+        timed(
+            "mem1-sft", train_sft, cfg, out / "sft_mem1",
+            objectives=cfg.data.train_objectives, init=init, assets_dir=warm, resume=True,
+        )  # fmt: skip
+    return walls
 
 
-def plot(curve: list[dict], heldout: dict[str, dict[int, dict]], ns: list[int], path: Path) -> Path:
+def trained(out: Path, arms: list[str]) -> list[tuple[str, str, str]]:
+    """(agent, policy dir, memory) of the warm start and the arms asked for."""
+    from mem1_core.evaluation.stage import trained_agents
+
+    keep = {"warm-start", *arms} | ({"truncate-ppo"} if "full-ppo" in arms else set())
+    return [a for a in trained_agents(out) if a[0] in keep]
+
+
+def evaluate(args, out: Path, agents, seed: int, own_seed: int) -> dict:
+    """The pipeline's objective-scaling evaluation on world `seed` -> its headline (read back
+    from eval/headline.json when that evaluation is already there)."""
+    from mem1_core.config import load_config
+    from mem1_core.evaluation.headline import read_headline
+    from mem1_core.evaluation.stage import run_objective_scaling
+
+    over = [
+        *args.overrides,
+        f"data.eval_objectives_per_n={args.objectives_per_n}",
+        f"world.seed={seed}",
+    ]
+    cfg = load_config(args.profile, None, over)
+    run_dir = out / "warm_start" if seed == own_seed else out / f"world{seed}"
+    eval_dir = out / "eval" if seed == own_seed else out / f"world{seed}" / "eval"
+    if (eval_dir / "headline.json").is_file():
+        return read_headline(eval_dir)
+    print(f"evaluating {[a[0] for a in agents]} on world {seed} at N={args.eval_objectives}")
+    run_objective_scaling(
+        cfg, run_dir, eval_dir, agents,
+        teacher=not args.no_teacher, objectives=tuple(args.eval_objectives),
+    )  # fmt: skip
+    return read_headline(eval_dir)
+
+
+def read_curve(run_dir: Path) -> list[dict]:
+    """One row per PPO iteration: sampled reward, KL to the start, held-out rewards."""
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+    keep = ("iteration", "reward", "kl", "eval/reward", "seconds")
+    return [
+        {k: r[k] for k in r if k in keep or (k.startswith("eval/n") and k.endswith("/reward"))}
+        for r in rows
+    ]
+
+
+def report(cfg, evals: dict[int, dict], curves: dict[str, list[dict]], walls) -> None:
+    for seed, h in evals.items():
+        ns = h["objectives"]
+        print(
+            f"\nworld {seed}: held-out greedy EM fraction ± SE (peak tokens), scorer {h['scorer']}"
+        )
+        print(f"  {'agent':<14}" + "".join(f"{'N=' + str(n):>22}" for n in ns))
+        by = {(c["agent"], c["N"]): c for c in h["cells"]}
+        for agent in h["agents"]:
+            cells = [by.get((agent, n)) for n in ns]
+            print(
+                f"  {agent:<14}"
+                + "".join(
+                    f"{c['em_frac']:>9.3f} ± {c['em_frac_se'] or 0:.3f} ({c['peak_tokens']:>5.0f})"
+                    if c
+                    else " " * 22
+                    for c in cells
+                )  # fmt: skip
+            )
+        for c in h["comparisons"]:
+            se = "" if c["se"] is None else f" ± {c['se']:.3f}"
+            print(f"  N={c['N']:<3} {c['label']}: {c['value']:.3f}{se}")
+    for name, rows in curves.items():
+        print(f"\n{name}: iteration, sampled reward, KL to the start, held-out reward(s)")
+        for r in rows:
+            held = " ".join(f"{k}={v:.3f}" for k, v in r.items() if k.startswith("eval/"))
+            print(f"  {r['iteration']:>3} {r['reward']:.3f} {r.get('kl', 0.0):+.4f} {held}")
+    print("\nwall seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in walls.items()))
+    print(f"trained on N={cfg.data.train_objectives}; profile model {cfg.model.name_or_path}")
+
+
+def plot(curves: dict[str, list[dict]], evals: dict[int, dict], n_train: int, path: Path) -> Path:
+    """Held-out EM against PPO iterations (training N solid, longer tasks dashed), the sampled
+    reward, the KL to the start, and every agent's EM and peak tokens against N."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
-    it = [r["iteration"] for r in curve]
-    ax.plot(it, [r["reward"] for r in curve], ".-", label="train reward (sampled)")
-    if any("unknown_rate" in r for r in curve):
-        ax.plot(it, [r.get("unknown_rate") for r in curve], ".:", label="unknown rate (sampled)")
-    ev = [(r["iteration"], r["eval/reward"]) for r in curve if r.get("eval/reward") is not None]
-    if ev:
-        ax.plot(*zip(*ev, strict=True), "o-", label="held-out reward (greedy)")
-    ax.set_xlabel("PPO iteration")
-    ax.set_title("PPO")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    width = 0.8 / max(len(heldout), 1)
-    for k, (name, per_n) in enumerate(heldout.items()):
-        xs = [i + k * width for i in range(len(ns))]
-        bars = bx.bar(xs, [per_n[n]["em_frac"] for n in ns], width, label=name)
-        bx.bar_label(bars, fmt="%.2f", fontsize=7)
-    bx.set_xticks(
-        [i + width * (len(heldout) - 1) / 2 for i in range(len(ns))], [f"N={n}" for n in ns]
-    )
-    bx.set_ylabel("held-out reward (EM fraction, greedy)")
-    bx.set_title("held-out test tasks")
-    bx.legend(fontsize=8)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.2))
+    held, sampled, kl, em = axes
+    for k, (name, rows) in enumerate(curves.items()):
+        color = f"C{k}"
+        it = [r["iteration"] + 1 for r in rows]
+        sampled.plot(it, [r["reward"] for r in rows], ".-", color=color, label=name)
+        kl.plot(it, [r.get("kl") for r in rows], ".-", color=color, label=name)
+        keys = ["eval/reward"] + sorted(
+            {x for r in rows for x in r if x.startswith("eval/n")}, key=lambda s: int(s[6:-7])
+        )
+        for key, style in zip(keys, ("o-", "s--", "^:", "v-."), strict=False):
+            pts = [(r["iteration"] + 1, r[key]) for r in rows if r.get(key) is not None]
+            n = n_train if key == "eval/reward" else int(key[6:-7])
+            if pts:
+                held.plot(*zip(*pts, strict=True), style, color=color, label=f"{name}, N={n}")
+    for ax, title in ((held, "held-out EM (greedy)"), (sampled, f"sampled reward, N={n_train}"),
+                      (kl, "KL to the warm start (per token)")):  # fmt: skip
+        ax.set_xlabel("PPO iteration")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for s, h in enumerate(evals.values()):
+        for k, agent in enumerate(h["agents"]):
+            cells = sorted((c for c in h["cells"] if c["agent"] == agent), key=lambda c: c["N"])
+            em.errorbar(
+                [c["N"] for c in cells], [c["em_frac"] for c in cells],
+                yerr=[c["em_frac_se"] or 0 for c in cells], fmt=".-" if s == 0 else "x:",
+                color=f"C{k}", capsize=2, label=agent if s == 0 else None,
+            )  # fmt: skip
+    em.set_xscale("log", base=2)
+    em.set_xlabel("objectives N (dotted: " + ", ".join(f"world {w}" for w in list(evals)[1:]) + ")")
+    em.set_title(f"held-out EM fraction, world {next(iter(evals), '')}")
+    em.grid(alpha=0.3)
+    em.legend(fontsize=7)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
     return path
 
 
