@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -10,11 +11,32 @@ from typing import Any
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.context import FlowRunContext
 
-from mem1_core.config import Config, load_config
+from mem1_core.config import Config, config_from_dict, config_json, load_config
 
 
-def build_config(profile: str, config_path: str | None, overrides: list[str] | None) -> Config:
-    return load_config(profile, config_path, list(overrides or []))
+def build_config(
+    profile: str,
+    config_path: str | None,
+    overrides: list[str] | None,
+    config: dict[str, Any] | None = None,
+    memory: str | None = None,
+) -> Config:
+    """A stage's config: `config`, the resolved values the parent flow built once (issue 29:
+    the profile, file and overrides are then its record, not rebuilt); else built from the
+    profile, the file and the overrides, as a stage flow run on its own does. `memory` sets
+    rollout.memory as the config is built (the PPO stage trains both memories)."""
+    if config is not None:
+        values = dict(config)
+        if memory is not None:
+            values["rollout"] = {**values["rollout"], "memory": memory}
+        return config_from_dict(values)
+    extra = [f"rollout.memory={memory}"] if memory is not None else []
+    return load_config(profile, config_path, [*(overrides or []), *extra])
+
+
+def resolved(cfg: Config) -> dict[str, Any]:
+    """The JSON-able values of `cfg` that the parent flow hands its stages (`config=`)."""
+    return json.loads(config_json(cfg))
 
 
 def run_dir(root: str | None, name: str) -> Path:

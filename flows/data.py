@@ -1,10 +1,11 @@
 """Flow `compose-tasks`: build (or load) the questions and compose N-objective tasks, in the
-run layout of mem1_core.runs.assets (world/, tasks/{split}_n{N}.parquet)."""
+run layout of mem1_core.data.run_tasks (world/, tasks/{split}_n{N}.parquet)."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 from prefect import flow, task
@@ -16,7 +17,7 @@ from mem1_core.runs.layout import RunPaths
 
 @task(name="build-world", cache_policy=None)
 def build_world(cfg: Config, paths: RunPaths) -> tuple[Path, float]:
-    from mem1_core.runs.assets import ensure_world
+    from mem1_core.data.run_tasks import ensure_world
 
     t0 = time.perf_counter()
     return ensure_world(cfg, paths), time.perf_counter() - t0
@@ -25,7 +26,7 @@ def build_world(cfg: Config, paths: RunPaths) -> tuple[Path, float]:
 @task(name="compose", retries=2, retry_delay_seconds=5, cache_policy=None)
 def compose_one(cfg: Config, paths: RunPaths, split: str, n: int) -> dict:
     """Compose (or reuse) one task file; retried because hub datasets load over the network."""
-    from mem1_core.runs.assets import ensure_tasks
+    from mem1_core.data.run_tasks import ensure_tasks
 
     t0 = time.perf_counter()
     path = ensure_tasks(cfg, paths, split, n)
@@ -51,11 +52,12 @@ def compose_tasks(
     objectives: list[int] | None = None,
     runs_root: str | None = None,
     out_dir: str | None = None,
+    config: dict[str, Any] | None = None,
 ) -> dict:
     """World generation / loading, then N-objective composition for each N, as artifacts.
     With `out_dir` (the pipeline's run directory) the files go there; else under
-    `runs_root/data-<profile>`."""
-    cfg = build_config(profile, config_path, overrides)
+    `runs_root/data-<profile>`. `config`: the parent flow's resolved config (built once)."""
+    cfg = build_config(profile, config_path, overrides, config)
     paths = RunPaths(Path(out_dir).resolve() if out_dir else run_dir(runs_root, f"data-{profile}"))
     world_dir = None
     if cfg.data.source == "world":

@@ -21,7 +21,7 @@ from mem1_core.config import Config
 def corpus_path(cfg: Config, out: Path) -> Path:
     """The profile's corpus file: the generated world's (built if missing), or
     `retrieval.corpus`."""
-    from mem1_core.runs.assets import corpus_path as run_corpus
+    from mem1_core.data.run_tasks import corpus_path as run_corpus
     from mem1_core.runs.layout import RunPaths
 
     return run_corpus(cfg, RunPaths(out))
@@ -62,13 +62,15 @@ def build_index_flow(
     runs_root: str | None = None,
     index_root: str | None = None,
     out_dir: str | None = None,
+    config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Corpus of the profile -> index (built or reused) -> table artifact. With `out_dir`
     (the pipeline's run directory) everything goes there, in the run layout of
-    mem1_core.runs.assets; else under `runs_root/index-<profile>`."""
-    from mem1_core.runs.assets import index_options, prebuilt_index
+    mem1_core.retrieval.run_index; else under `runs_root/index-<profile>`. `config`: the
+    parent flow's resolved config (built once)."""
+    from mem1_core.retrieval.run_index import index_options, prebuilt_index
 
-    cfg = build_config(profile, config_path, overrides)
+    cfg = build_config(profile, config_path, overrides, config)
     if cfg.retrieval.url is not None:
         print(f"retrieval served at {cfg.retrieval.url}: no index to build")
         return {"url": cfg.retrieval.url, "kind": cfg.retrieval.kind}

@@ -36,6 +36,7 @@ from flows.common import (
     publish_samples,
     publish_table,
     report_progress,
+    resolved,
 )
 from mem1_core.config import config_json
 from mem1_core.runs.atomic import write_json, write_text
@@ -71,6 +72,9 @@ class RunContext:
     overrides: list[str]
     run_dir: Path
     results: Mapping[str, StageResult] = field(default_factory=dict)
+    config: dict[str, Any] | None = None
+    """The config the parent built once, resolved (flows.common.resolved): every stage gets
+    it and builds nothing from the profile again."""
 
 
 Stage = Callable[[RunContext], StageResult]
@@ -89,6 +93,7 @@ def _compose(ctx: RunContext) -> StageResult:
         config_path=ctx.config_path,
         overrides=ctx.overrides,
         out_dir=str(ctx.run_dir),
+        config=ctx.config,
     )
     # Counted from the files written, not from anything the flow claims.
     counts = {f"{key} tasks": pq.read_metadata(path).num_rows for key, path in out["tasks"].items()}
@@ -103,6 +108,7 @@ def _index(ctx: RunContext) -> StageResult:
         config_path=ctx.config_path,
         overrides=ctx.overrides,
         out_dir=str(ctx.run_dir),
+        config=ctx.config,
     )
     keys = ("kind", "documents", "build_seconds", "size_mb", "cached")
     return StageResult(outputs=out, headline={k: out[k] for k in keys if k in out})
@@ -114,6 +120,7 @@ def _stage_args(ctx: RunContext) -> dict[str, Any]:
         "config_path": ctx.config_path,
         "overrides": ctx.overrides,
         "run_dir": str(ctx.run_dir),
+        "config": ctx.config,
     }
 
 
@@ -255,7 +262,8 @@ def mem1(
     run_name: str | None = None,
 ) -> dict[str, Any]:
     """The whole pipeline under one run directory; returns the headline of the stages run."""
-    cfg = build_config(profile, config_path, overrides)
+    cfg = build_config(profile, config_path, overrides)  # once: the stages get it resolved
+    config = resolved(cfg)
     run_name = run_name or default_run_name()
     run_dir = resolve_runs_root(runs_root) / run_name
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -291,7 +299,7 @@ def mem1(
             for name in PIPELINE:
                 stage = STAGES[name]
                 ctx = RunContext(
-                    profile, config_path, list(overrides or []), run_dir, dict(results)
+                    profile, config_path, list(overrides or []), run_dir, dict(results), config
                 )
                 t0 = time.perf_counter()
                 try:

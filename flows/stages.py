@@ -48,23 +48,22 @@ def rollout_label(metrics: dict[str, Any]) -> str:
     return f"{backend} ({python})" if python else backend
 
 
-def _with_memory(overrides: list[str] | None, memory: str) -> list[str]:
-    """The overrides that build the stage's config under the memory policy `memory` (the
-    config is built with it, never rewritten after loading)."""
-    return [*(overrides or []), f"rollout.memory={memory}"]
-
-
 def _resume(out: Path) -> bool:
     return out.exists() and any(out.iterdir())
 
 
 @flow(name="warm-start", flow_run_name=stage_run_name, log_prints=True)
 def warm_start(
-    profile: str, config_path: str | None, overrides: list[str] | None, run_dir: str
+    profile: str,
+    config_path: str | None,
+    overrides: list[str] | None,
+    run_dir: str,
+    config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """`config`: the parent flow's resolved config (flows.common.build_config)."""
     from mem1_core.training.sft import NO_TEACHER, has_warm_start, train_sft
 
-    cfg = build_config(profile, config_path, overrides)
+    cfg = build_config(profile, config_path, overrides, config)
     if not has_warm_start(cfg):
         print(f"warm start skipped: {NO_TEACHER}")
         return {"skipped": NO_TEACHER}
@@ -89,6 +88,7 @@ def train_ppo(
     run_dir: str,
     memory: str = "mem1",
     policy: str | None = None,
+    config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """PPO under the memory policy `memory` from the warm start. (`policy` is its old name:
     still read, with a warning, for one release.)"""
@@ -100,7 +100,7 @@ def train_ppo(
         print(f"{message}working in the next release")  # the flow run's log
         warnings.warn(f"{message}working in the next release", DeprecationWarning, stacklevel=2)
         memory = policy
-    cfg = build_config(profile, config_path, _with_memory(overrides, memory))
+    cfg = build_config(profile, config_path, overrides, config, memory=memory)
     root = Path(run_dir)
     # mem1+recall is an arm of its own, not the full-context agent's directory
     out = root / {"mem1": PPO_MEM1, "mem1+recall": "ppo_mem1+recall"}.get(memory, PPO_FULL)
@@ -119,12 +119,16 @@ def train_ppo(
 
 @flow(name="train-sft-arm", flow_run_name=stage_run_name, log_prints=True)
 def train_sft_arm(
-    profile: str, config_path: str | None, overrides: list[str] | None, run_dir: str
+    profile: str,
+    config_path: str | None,
+    overrides: list[str] | None,
+    run_dir: str,
+    config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     from mem1_core.runs.layout import resolve_init
     from mem1_core.training.sft import NO_TEACHER, has_teacher, train_sft
 
-    cfg = build_config(profile, config_path, _with_memory(overrides, "mem1"))
+    cfg = build_config(profile, config_path, overrides, config, memory="mem1")
     if not has_teacher(cfg):
         print(f"SFT arm skipped: {NO_TEACHER}")
         return {"skipped": NO_TEACHER}
@@ -142,13 +146,17 @@ def train_sft_arm(
 
 @flow(name="evaluate-objective-scaling", flow_run_name=stage_run_name, log_prints=True)
 def evaluate_objective_scaling(
-    profile: str, config_path: str | None, overrides: list[str] | None, run_dir: str
+    profile: str,
+    config_path: str | None,
+    overrides: list[str] | None,
+    run_dir: str,
+    config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     from mem1_core.evaluation.headline import read_headline
     from mem1_core.evaluation.report import agent_rows, headline_markdown
     from mem1_core.evaluation.stage import run_objective_scaling, trained_agents
 
-    cfg = build_config(profile, config_path, overrides)
+    cfg = build_config(profile, config_path, overrides, config)
     root = Path(run_dir)
     result = run_objective_scaling(
         cfg, root, root / EVAL, trained_agents(root), teacher=True, progress=False

@@ -75,7 +75,27 @@ MOVED: dict[str, str] = {
     # it trains the full-context agent too; its Prefect flow name stays train-ppo-mem1
     "flows.stages.train_ppo_mem1": "flows.stages.train_ppo",
     # the index of a run's config, beside retrieval.ensure_index (of a corpus)
-    "mem1_core.runs.assets.ensure_index": "mem1_core.runs.assets.ensure_run_index",
+    "mem1_core.runs.assets.ensure_index": "mem1_core.retrieval.run_index.ensure_run_index",
+    # runs/ keeps the layout, checkpoints and atomic writes; a run's inputs are made where
+    # they are made (issue 29): mem1_core.runs.assets is only these names now
+    "mem1_core.runs.assets.ensure_world": "mem1_core.data.run_tasks.ensure_world",
+    "mem1_core.runs.assets.corpus_path": "mem1_core.data.run_tasks.corpus_path",
+    "mem1_core.runs.assets.ensure_tasks": "mem1_core.data.run_tasks.ensure_tasks",
+    "mem1_core.runs.assets.teacher_world": "mem1_core.data.run_tasks.teacher_world",
+    "mem1_core.runs.assets.ensure_tokenizer": "mem1_core.models.policy.ensure_tokenizer",
+    "mem1_core.runs.assets.ADOPTED": "mem1_core.models.policy.ADOPTED",
+    "mem1_core.runs.assets.adopt_init_tokenizer": "mem1_core.models.policy.adopt_init_tokenizer",
+    "mem1_core.runs.assets.initial_policy": "mem1_core.models.policy.initial_policy",
+    "mem1_core.runs.assets.load_policy": "mem1_core.models.policy.load_policy",
+    "mem1_core.runs.assets.index_options": "mem1_core.retrieval.run_index.index_options",
+    "mem1_core.runs.assets.prebuilt_index": "mem1_core.retrieval.run_index.prebuilt_index",
+    "mem1_core.runs.assets.ensure_run_index": "mem1_core.retrieval.run_index.ensure_run_index",
+    "mem1_core.runs.assets.make_retriever": "mem1_core.retrieval.run_index.make_retriever",
+    "mem1_core.runs.assets.make_env": "mem1_core.rollout.env.make_env",
+    "mem1_core.runs.assets.TASK_COLUMNS": "mem1_core.rollout.inputs.TASK_COLUMNS",
+    "mem1_core.runs.assets.read_task_file": "mem1_core.rollout.inputs.read_task_file",
+    "mem1_core.runs.assets.load_tasks": "mem1_core.rollout.inputs.load_tasks",
+    "mem1_core.runs.assets.prepare": "mem1_core.rollout.inputs.prepare",
     # a run's evaluation table (eval/metrics.csv), beside RunPaths.read_metrics (metrics.jsonl)
     "mem1_core.evaluation.compare.read_metrics": "mem1_core.evaluation.compare.read_eval_table",
 }

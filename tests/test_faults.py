@@ -251,7 +251,8 @@ def test_policy_without_weights_is_refused_before_the_run_starts(tmp_path, capsy
 
 
 def test_task_file_missing_a_column_and_a_corrupt_index(tmp_path, capsys):
-    from mem1_core.runs.assets import ensure_run_index, prepare
+    from mem1_core.retrieval.run_index import ensure_run_index
+    from mem1_core.rollout.inputs import prepare
     from mem1_core.runs.layout import RunPaths
 
     cfg = load_config("smoke")
@@ -364,7 +365,7 @@ def _gen_ids(trajs) -> list[list[list[int]]]:
 @pytest.mark.slow
 def test_a_killed_rollout_worker_is_restarted_and_its_share_redone(tmp_path, monkeypatch):
     ray = pytest.importorskip("ray")
-    from mem1_core.runs.assets import load_tasks, prepare
+    from mem1_core.rollout.inputs import load_tasks, prepare
     from mem1_core.training.runtime import Runtime
 
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")

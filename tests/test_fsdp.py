@@ -177,7 +177,7 @@ def rolled(tmp_path_factory):
     """A prepared run directory and 5 trajectories of the initial policy (3 tasks x 2
     samples, the last dropped), the first sample of each task declared right so that the
     advantages are not all zero."""
-    from mem1_core.runs.assets import load_tasks, prepare
+    from mem1_core.rollout.inputs import load_tasks, prepare
     from mem1_core.training.workers import RolloutWorker
 
     cfg = _config()
@@ -298,7 +298,7 @@ def test_train_rl_with_an_fsdp_learner_trains_checkpoints_and_resumes(
     tmp_path, monkeypatch, ray_session
 ):
     from mem1_core.models.model import load_model
-    from mem1_core.runs.assets import ensure_tokenizer
+    from mem1_core.models.policy import ensure_tokenizer
     from mem1_core.runs.checkpoint import read_state
     from mem1_core.runs.layout import RunPaths
     from mem1_core.training.train_rl import train_rl

@@ -224,7 +224,7 @@ def indexes(qa_files, corpus, encoder_dir, hub_dir, paths, tmp_path_factory) -> 
     a dense index as docs/paper-profile.md builds one before a run (`mem1 index`)."""
     from flows.index import build_or_reuse, corpus_path
     from mem1_core.cli.main import main
-    from mem1_core.runs.assets import index_options
+    from mem1_core.retrieval.run_index import index_options
 
     bm25_cfg = real_data_config(qa_files, corpus, encoder_dir, hub_dir, "retrieval.kind=bm25")
     assert corpus_path.fn(bm25_cfg, paths.root) == corpus
@@ -305,8 +305,8 @@ def test_the_exported_corpus_is_indexed_and_found(corpus, indexes):
 
 
 def test_two_ppo_iterations_from_the_pretrained_stand_in(cfg, paths, indexes, trained):
+    from mem1_core.models.policy import ensure_tokenizer
     from mem1_core.models.tags import tag_scheme
-    from mem1_core.runs.assets import ensure_tokenizer
     from mem1_core.trajectory.record import read_trajectories
 
     tok = ensure_tokenizer(cfg, paths)
@@ -346,7 +346,9 @@ def test_em_and_f1_on_the_gold_aliases(cfg, paths, composed):
     """Known answers through the environment that scores the models: any alias scores 1
     after SQuAD normalisation; a partial name scores its token F1."""
     from mem1_core.evaluation.scaling import Agent, evaluate_scaling
-    from mem1_core.runs.assets import ensure_tokenizer, load_tasks, make_env
+    from mem1_core.models.policy import ensure_tokenizer
+    from mem1_core.rollout.env import make_env
+    from mem1_core.rollout.inputs import load_tasks
     from mem1_core.trajectory.record import read_trajectories
 
     tok = ensure_tokenizer(cfg, paths)

@@ -15,7 +15,7 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 
 def test_index_options_follow_the_retrieval_config():
-    from mem1_core.runs.assets import index_options
+    from mem1_core.retrieval.run_index import index_options
 
     assert index_options(load_config("smoke")) == {}
     paper = load_config("paper")
@@ -51,7 +51,7 @@ def test_a_prebuilt_index_is_used_as_it_is(tmp_path):
     """retrieval.index (built by `mem1 index`, e.g. on GPUs): reported, never rebuilt, its
     corpus not read; its kind must be retrieval.kind."""
     from flows.index import build_index_flow, build_or_reuse, corpus_path
-    from mem1_core.runs.assets import ensure_run_index
+    from mem1_core.retrieval.run_index import ensure_run_index
     from mem1_core.runs.layout import RunPaths
 
     smoke = load_config("smoke")

@@ -142,7 +142,8 @@ def test_a_generated_turn_stops_on_its_closing_tag(smol) -> None:
 
 
 def _rollouts(model, tok, autocast: str | None, tmp_path: Path):
-    from mem1_core.runs.assets import load_tasks, make_env, prepare
+    from mem1_core.rollout.env import make_env
+    from mem1_core.rollout.inputs import load_tasks, prepare
 
     cfg = load_config(
         "smol",

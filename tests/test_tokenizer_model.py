@@ -116,8 +116,8 @@ def test_a_run_adopts_the_tokenizer_of_the_policy_it_starts_from(small_tokenizer
     import pytest
 
     from mem1_core.config import Config
+    from mem1_core.models.policy import adopt_init_tokenizer
     from mem1_core.models.tokenizer import train_tiny_tokenizer
-    from mem1_core.runs.assets import adopt_init_tokenizer
     from mem1_core.runs.layout import RunPaths
 
     cfg = Config()

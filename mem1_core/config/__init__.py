@@ -3,8 +3,9 @@
 A profile (`tiny`: the embedded CPU default; `smoke`: the same code in seconds, for tests;
 `paper`: the GPU setup of the paper; YAML files in `data/profiles/`) picks defaults for
 every section; a YAML file and `section.field=value` overrides are applied on top
-(`load_config`). Flows take those JSON-able pieces and build the dataclass on their first
-line.
+(`load_config`). The parent flow builds the dataclass once from those JSON-able pieces and
+hands its resolved values to every stage (`config_from_dict`); a stage flow run on its own
+builds it from the same pieces.
 
 - sections.py: world, data, retrieval, model, rollout, teacher;
 - training.py: sft, ppo (the algorithm), resources (Ray placement, learner strategy),
@@ -16,6 +17,7 @@ line.
 
 from mem1_core.config.evaluation import SCORER_NAMES, EvalConfig
 from mem1_core.config.loader import (
+    config_from_dict,
     config_json,
     load_config,
     parse_overrides,
@@ -48,6 +50,7 @@ __all__ = [
     "SFTConfig",
     "TeacherConfig",
     "WorldConfig",
+    "config_from_dict",
     "config_json",
     "load_config",
     "parse_overrides",

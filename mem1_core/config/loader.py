@@ -12,6 +12,7 @@ are the `resources` section.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import json
@@ -197,6 +198,13 @@ def load_config(
     extra = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
     values = _merge(values, upgrade(extra, "overrides"))
     return _build_from(values, "--set overrides" if extra else None)
+
+
+def config_from_dict(values: dict[str, Any]) -> Config:
+    """A config from its resolved values (`Config.to_dict()`, `config_json`, a run's
+    run.json): how a parent flow hands the config it built once to its stages, which then
+    build nothing from the profile again (issue 29). Old names read as in load_config."""
+    return _build_from(upgrade(copy.deepcopy(dict(values)), "config"), "config")
 
 
 def _build_from(values: dict[str, Any], source: str | None) -> Config:

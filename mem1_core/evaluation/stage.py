@@ -10,15 +10,11 @@ from mem1_core.evaluation.headline import build_headline, write_headline
 from mem1_core.evaluation.samples import write_samples
 from mem1_core.evaluation.scaling import Agent, evaluate_scaling, scaling_plots
 from mem1_core.models.model import load_model
+from mem1_core.models.policy import adopt_init_tokenizer, ensure_tokenizer
+from mem1_core.rollout.env import make_env
+from mem1_core.rollout.inputs import load_tasks, prepare
 from mem1_core.rollout.teacher import ScriptedTeacher, can_play
 from mem1_core.runs import atomic
-from mem1_core.runs.assets import (
-    adopt_init_tokenizer,
-    ensure_tokenizer,
-    load_tasks,
-    make_env,
-    prepare,
-)
 from mem1_core.runs.layout import PPO_FULL, PPO_MEM1, SFT_MEM1, WARM_START, RunPaths, resolve_init
 
 log = logging.getLogger(__name__)

@@ -26,6 +26,7 @@ reward; anything else ends it with reward 0 (the budget is exhausted). Nothing r
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from mem1_core.data.prompts import (
     ANSWER_CLOSE,
@@ -43,6 +44,10 @@ from mem1_core.evaluation.metrics import score_answer
 from mem1_core.models.tags import TagCodec, tag_codec
 from mem1_core.retrieval import Hit, Retriever
 from mem1_core.trajectory.record import Action
+
+if TYPE_CHECKING:
+    from mem1_core.config import Config
+    from mem1_core.runs.layout import RunPaths
 
 FORMAT_HINT = (
     f"[FORMAT] Invalid turn. Write {IS_OPEN} state {IS_CLOSE} then either "
@@ -162,3 +167,18 @@ class QAEnvironment:
     @staticmethod
     def score(answer: str | None, golden: list[list[str]]) -> tuple[list[float], list[float]]:
         return score_answer(answer, golden)
+
+
+def make_env(
+    cfg: Config, paths: RunPaths, tokenizer, retriever: Retriever | None = None
+) -> QAEnvironment:
+    """The environment of a run: its tokenizer, and its retriever (the run's index, a server
+    at `retrieval.url`, or the one given)."""
+    from mem1_core.retrieval.run_index import make_retriever
+
+    return QAEnvironment(
+        tokenizer,
+        retriever or make_retriever(cfg, paths),
+        cfg.retrieval.topk,
+        chat_template=cfg.rollout.chat_template,
+    )

@@ -22,13 +22,13 @@ from torch import nn
 
 from mem1_core.config import Config
 from mem1_core.models.model import enable_gradient_checkpointing, master_weights
+from mem1_core.models.policy import ensure_tokenizer, load_policy
 from mem1_core.rl.batch import Models
 from mem1_core.rl.critic import VALUE_HEAD_FILE, Critic
 from mem1_core.rl.estimators import get_estimator
 from mem1_core.rl.kl_control import KL_CONTROLLERS
 from mem1_core.rl.passes import LOCAL, NonFiniteGuard, Split, UpdateSettings
 from mem1_core.rl.ppo import update
-from mem1_core.runs.assets import ensure_tokenizer, load_policy
 from mem1_core.runs.checkpoint import (
     STATE_FILE,
     TrainState,

@@ -86,8 +86,9 @@ def build_source(cfg, tok, root: Path, seed: int, pcfg) -> Source:
     memory of `pcfg.memories`, and cut its documents and drills into token rows."""
     from mem1_core.data.compose import compose
     from mem1_core.data.qa_data import world_questions
+    from mem1_core.data.run_tasks import ensure_world
+    from mem1_core.rollout.env import make_env
     from mem1_core.rollout.loop import tasks_from_table
-    from mem1_core.runs.assets import ensure_world, make_env
     from mem1_core.runs.layout import RunPaths
     from mem1_core.training.sft import teacher_trajectories
     from mem1_core.trajectory.record import turn_paths
@@ -227,7 +228,8 @@ def held_out(model, tok, cfg, root: Path, seeds: tuple[int, ...], ns: tuple[int,
     """Greedy EM fraction (and its standard error) of the model under MEM1 memory on
     `tasks` test-split tasks per N of each world in `seeds` (worlds no round trained on)."""
     from mem1_core.evaluation.evaluate import run_eval
-    from mem1_core.runs.assets import load_tasks, make_env
+    from mem1_core.rollout.env import make_env
+    from mem1_core.rollout.inputs import load_tasks
     from mem1_core.runs.layout import RunPaths
 
     out = {}
@@ -276,7 +278,7 @@ def _git_commit() -> str:
 def pretrain(cfg, out_dir: str | Path, *, resume: bool = False, progress: bool = True) -> dict:
     """Train the base into `<out>/base` with `<out>/base/manifest.json`; resumable."""
     from mem1_core.models.model import build_tiny_model, count_parameters, load_model, save_model
-    from mem1_core.runs.assets import adopt_init_tokenizer, ensure_tokenizer
+    from mem1_core.models.policy import adopt_init_tokenizer, ensure_tokenizer
     from mem1_core.runs.layout import RunPaths
     from mem1_core.training.sft import lr_at, sft_loss
 

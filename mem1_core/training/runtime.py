@@ -157,7 +157,7 @@ class Runtime:
         import ray
 
         from mem1_core.retrieval.ray_actor import start_retriever_actor
-        from mem1_core.runs.assets import ensure_run_index
+        from mem1_core.retrieval.run_index import ensure_run_index
 
         index = None if cfg.retrieval.url else ensure_run_index(cfg, paths)
         # Not reused: an FSDP group (its process group) and vLLM engines (a second engine in

@@ -280,18 +280,13 @@ def train_sft(
     With `resume`, a finished run (its `policy/` and `result.json`) is returned as it is.
     The run's shared assets (world, tasks, tokenizer, index) live in `assets_dir`
     (default: `out_dir`)."""
+    from mem1_core.data.run_tasks import teacher_world
     from mem1_core.evaluation.evaluate import evaluate_policy
     from mem1_core.evaluation.summary import numeric_metrics
     from mem1_core.models.model import load_model
-    from mem1_core.runs.assets import (
-        adopt_init_tokenizer,
-        ensure_tokenizer,
-        initial_policy,
-        load_tasks,
-        make_env,
-        prepare,
-        teacher_world,
-    )
+    from mem1_core.models.policy import adopt_init_tokenizer, ensure_tokenizer, initial_policy
+    from mem1_core.rollout.env import make_env
+    from mem1_core.rollout.inputs import load_tasks, prepare
     from mem1_core.runs.layout import RunPaths
 
     out = Path(out_dir).resolve()

@@ -53,10 +53,11 @@ from tqdm.auto import tqdm
 from mem1_core.config import Config
 from mem1_core.deprecated import moved_names
 from mem1_core.evaluation.summary import training_summary
+from mem1_core.models.policy import adopt_init_tokenizer
 from mem1_core.retrieval.client import RetrieverUnavailable
 from mem1_core.rl.estimators import get_estimator
+from mem1_core.rollout.inputs import load_tasks, prepare
 from mem1_core.rollout.loop import Task
-from mem1_core.runs.assets import adopt_init_tokenizer, load_tasks, prepare
 from mem1_core.runs.atomic import write_text
 from mem1_core.runs.checkpoint import (
     TrainState,

@@ -23,8 +23,8 @@ from typing import Any
 
 from mem1_core.config import Config
 from mem1_core.models.model import save_model
+from mem1_core.models.policy import initial_policy
 from mem1_core.models.tags import tag_scheme
-from mem1_core.runs.assets import initial_policy
 from mem1_core.runs.layout import RunPaths
 from mem1_core.training.rollout_python import rollout_runtime_env, vllm_python
 

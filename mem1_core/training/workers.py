@@ -24,9 +24,10 @@ from typing import Any
 import torch
 
 from mem1_core.config import Config
+from mem1_core.models.policy import ensure_tokenizer, load_policy
+from mem1_core.rollout.env import make_env
 from mem1_core.rollout.generation import HFBackend
 from mem1_core.rollout.loop import Task, rollout
-from mem1_core.runs.assets import ensure_tokenizer, load_policy, make_env
 from mem1_core.runs.layout import RunPaths
 from mem1_core.training.actor_pool import drop_state
 from mem1_core.training.ray_start import actor_device, set_threads
