@@ -142,6 +142,33 @@ def test_a_forgetful_teacher_answers_what_it_moved_on_from_with_a_question_mark(
                 assert turn_b.gen_text == turn_g.gen_text
 
 
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_a_counting_teacher_states_the_next_question_of_n_then_done_n_of_n(
+    small_world, small_tokenizer, env, n
+):
+    """teacher.counting: the same play as the plain teacher (same lookups, same answers),
+    each state's `Next: Qk.` read `Next: Qk of N.` and the answer turn's state ending
+    `Done: N of N.`"""
+    from mem1_core.data.compose import compose
+    from mem1_core.data.qa_data import world_questions
+    from mem1_core.rollout.loop import tasks_from_table
+
+    table, _ = compose(world_questions(small_world.questions).table, n, split="train")
+    tasks = tasks_from_table(table)[:8]
+    plain = rollout(tasks, ScriptedTeacher(small_tokenizer, tasks), env, CFG, memory="mem1")
+    counted = rollout(
+        tasks, ScriptedTeacher(small_tokenizer, tasks, counting=True), env, CFG, memory="mem1"
+    )
+    for p, c in zip(plain, counted, strict=True):
+        assert c.answer == p.answer and c.em == p.em == [1.0] * n
+        assert [t.query for t in c.turns] == [t.query for t in p.turns]
+        for tp, tc in zip(p.turns[:-1], c.turns[:-1], strict=True):
+            k = tp.gen_text.split("Next: Q")[1].split(".")[0]
+            assert tc.gen_text == tp.gen_text.replace(f"Next: Q{k}.", f"Next: Q{k} of {n}.")
+        last = p.turns[-1].gen_text
+        assert c.turns[-1].gen_text == last.replace(" </IS>", f" Done: {n} of {n}. </IS>")
+
+
 def test_forgetting_is_a_fixed_draw_per_trajectory_and_objective(small_tasks, small_tokenizer, env):
     """Half the finished first objectives are dropped at forget_rate=0.5, and the same ones on
     a second run (a turn's text depends only on its trajectory)."""

@@ -294,6 +294,12 @@ class TeacherConfig(Section):
     """Chance that the teacher, moving on from a finished objective, writes `?` for its answer
     in the `<IS>` (a memory-consolidation lapse; mem1_core.rollout.teacher). SFT copies the habit; RL
     on the task reward can unlearn it (MEM1 §5.4)."""
+    counting: bool = False
+    """The state counts (issue 27): `Next: Q3 of 8.` while questions remain and `Done: 8 of
+    8.` before the answer, the N copied from the prompt's last line. Off: `Next: Q3.` and no
+    count, the format every shipped model learned. What it is for: a model shown N <= 2 that
+    learns "answer after two" stops early at N = 8; a count in the state makes the stopping
+    rule an equality it reads ("2 of 2"), the same at every N."""
     seed: int = 0
 
     def __post_init__(self) -> None:

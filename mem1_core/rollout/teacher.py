@@ -97,6 +97,7 @@ class ScriptedTeacher:
         error_rate: float = 0.0,
         seed: int = 0,
         forget_rate: float = 0.0,
+        counting: bool = False,
     ):
         if not can_play(tasks):
             # it would answer `?` to every question, and SFT would teach exactly that
@@ -108,6 +109,8 @@ class ScriptedTeacher:
         self.tasks = {t.task_id: t for t in tasks}
         self.error_rate = error_rate
         self.forget_rate = forget_rate
+        self.counting = counting
+        """TeacherConfig.counting: the state says how many questions there are."""
         self.seed = seed
         self.rng = random.Random(seed)
 
@@ -143,12 +146,13 @@ class ScriptedTeacher:
         held = [b or f for f, b in zip(found, back, strict=True)]
         lapsed = {i for i in forgotten if not back[i]}
         state = self.state_text(task, steps, held, lapsed)
+        of = f" of {len(steps)}" if self.counting else ""
         if done < len(order) and not last_turn:
             nxt = order[done]
             # a bridge's second hop queries the first hop's finding (copied from the state)
             query = nxt.query
             return (
-                f"{IS_OPEN} {state} Next: Q{nxt.objective + 1}. {IS_CLOSE}"
+                f"{IS_OPEN} {state} Next: Q{nxt.objective + 1}{of}. {IS_CLOSE}"
                 f"{QUERY_OPEN} {query}{QUERY_CLOSE}"
             )
         if len(recalls) < len(plan) and not last_turn:
@@ -156,9 +160,11 @@ class ScriptedTeacher:
             # the first names an entity of its question, the next the fact just recalled
             nxt = plan[len(recalls)]
             return (
-                f"{IS_OPEN} {state} Next: Q{nxt.objective + 1}. {IS_CLOSE}"
+                f"{IS_OPEN} {state} Next: Q{nxt.objective + 1}{of}. {IS_CLOSE}"
                 f"{QUERY_OPEN} {RECALL_PREFIX} {nxt.query}{QUERY_CLOSE}"
             )
+        if self.counting:  # the stopping rule as an equality: "Done: 2 of 2."
+            state = f"{state} Done: {len(steps)}{of}."
         # A space after <query> / <answer>: the tiny tokenizer's words carry their leading
         # space (▁), and a word glued to a tag is other tokens ("<answer>1718" is 1,7,1,8
         # where the state and the documents say ▁1718), so copying a name or a year into

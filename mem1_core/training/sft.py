@@ -62,9 +62,15 @@ def teacher_trajectories(
     error_rate: float = 0.0,
     forget_rate: float = 0.0,
     seed: int = 0,
+    counting: bool = False,
 ) -> list[Trajectory]:
     teacher = ScriptedTeacher(
-        tokenizer, tasks, error_rate=error_rate, forget_rate=forget_rate, seed=seed
+        tokenizer,
+        tasks,
+        error_rate=error_rate,
+        forget_rate=forget_rate,
+        seed=seed,
+        counting=counting,
     )
     return rollout(tasks, teacher, env, rollout_cfg, memory=memory)
 
@@ -332,6 +338,7 @@ def train_sft(
             error_rate=cfg.teacher.error_rate,
             forget_rate=cfg.teacher.forget_rate,
             seed=cfg.teacher.seed + k,
+            counting=cfg.teacher.counting,
         )
     write_trajectories(trajs, out / "teacher_trajectories.parquet")
     model = load_model(init, cfg.model, tok) if init else initial_policy(cfg, tok)
