@@ -85,20 +85,20 @@ def test_a_python_asked_for_but_missing_is_an_error(tmp_path, monkeypatch, no_de
 
 
 def test_auto_means_vllm_with_ray_when_a_vllm_python_is_there(tmp_path, no_vllm_here):
-    from mem1_core.training.vllm_engine import resolve_backend
+    from mem1_core.training.vllm_engine import choose_backend
 
     cfg = load_config(
         "paper", overrides=[f"resources.rollout_python={fake_python(tmp_path, 'python')}"]
     )
-    assert resolve_backend(cfg, use_ray=True).rollout.backend == "vllm"
+    assert choose_backend(cfg, use_ray=True) == "vllm"
     # without Ray the workers run in this process, which has no vLLM
-    assert resolve_backend(cfg, use_ray=False).rollout.backend == "hf"
+    assert choose_backend(cfg, use_ray=False) == "hf"
 
 
 def test_auto_means_hf_without_any_vllm(no_vllm_here, no_default_venv):
-    from mem1_core.training.vllm_engine import resolve_backend
+    from mem1_core.training.vllm_engine import choose_backend
 
-    assert resolve_backend(load_config("paper"), use_ray=True).rollout.backend == "hf"
+    assert choose_backend(load_config("paper"), use_ray=True) == "hf"
 
 
 # ---- the version check -----------------------------------------------------------------------

@@ -159,7 +159,8 @@ class QAEnvironment:
         ids = self.tok.apply_chat_template(
             [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
         )
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        # transformers 5 returns a BatchEncoding (a mapping); older versions a list of ids
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     def search(self, queries: list[str]) -> list[list[Hit]]:
         return self.retriever.search(queries, self.topk) if queries else []

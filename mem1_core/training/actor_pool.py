@@ -71,11 +71,11 @@ def take(key: tuple) -> Any | None:
     return _parked.pop(key, None)
 
 
-def reuse_key(cfg: Config, index: Path | None) -> tuple:
+def reuse_key(cfg: Config, index: Path | None, backend: str) -> tuple:
     """What a parked runtime must share with a new run to serve it:
-    the resources and placement of its actors, the generation backend and model family they
-    loaded, and the corpus its retriever serves (by fingerprint: each stage of a pipeline
-    has its own copy of the same index)."""
+    the resources and placement of its actors, the generation backend (as the driver chose
+    it: vllm_engine.choose_backend) and model family they loaded, and the corpus its retriever
+    serves (by fingerprint: each stage of a pipeline has its own copy of the same index)."""
     from mem1_core.retrieval.base import read_manifest
 
     resources = cfg.resources
@@ -87,7 +87,7 @@ def reuse_key(cfg: Config, index: Path | None) -> tuple:
         resources.learner_cpus,
         resources.learner_gpus,
         resources.ray_address,
-        cfg.rollout.backend,
+        backend,
         cfg.model.name_or_path,
         cfg.retrieval.kind,
         cfg.retrieval.url,

@@ -51,7 +51,7 @@ from mem1_core.runs.layout import RunPaths
 from mem1_core.training import actor_pool
 from mem1_core.training.learner import Learner
 from mem1_core.training.ray_start import RETRIEVER_CPUS, start_ray
-from mem1_core.training.vllm_engine import require_vllm, resolve_backend, rollout_workers_env
+from mem1_core.training.vllm_engine import choose_backend, require_vllm, rollout_workers_env
 from mem1_core.training.workers import RolloutWorker, WeightsOutOfDate
 from mem1_core.trajectory.record import Trajectory
 
@@ -144,14 +144,15 @@ class Runtime:
                 "resources.learner_strategy=fsdp runs each learner rank as a Ray actor: run with Ray "
                 "(drop --no-ray), or use resources.learner_strategy=single"
             )
-        cfg = resolve_backend(cfg, use_ray=use_ray)
+        backend = choose_backend(cfg, use_ray=use_ray)  # once, for every worker
         # Before Ray starts, not as an actor's constructor error: the vLLM venv's Python for
         # the workers when this one has no vLLM (checked against this one), or the way out.
-        worker_env = rollout_workers_env(cfg, use_ray)
-        require_vllm(cfg, elsewhere=worker_env is not None)
+        worker_env = rollout_workers_env(cfg, use_ray, backend)
+        require_vllm(backend, elsewhere=worker_env is not None)
         if not use_ray:
             workers = [
-                RolloutWorker(cfg, root, init_s) for _ in range(resources.num_rollout_workers)
+                RolloutWorker(cfg, root, init_s, backend=backend)
+                for _ in range(resources.num_rollout_workers)
             ]
             return cls(workers, [Learner(cfg, root, init_s)], remote=False)
         import ray
@@ -162,11 +163,11 @@ class Runtime:
         index = None if cfg.retrieval.url else ensure_run_index(cfg, paths)
         # Not reused: an FSDP group (its process group) and vLLM engines (a second engine in
         # the same process would not get the first one's GPU memory back).
-        reusable = not fsdp and cfg.rollout.backend != "vllm"
-        key = actor_pool.reuse_key(cfg, index) if reusable else None
+        reusable = not fsdp and backend != "vllm"
+        key = actor_pool.reuse_key(cfg, index, backend) if reusable else None
         if key is not None and (parked := actor_pool.take(key)) is not None:
             try:
-                parked.reset(cfg, root, init_s)
+                parked.reset(cfg, root, init_s, backend)
                 return parked
             except Exception:  # noqa: BLE001 - a dead actor: start afresh instead
                 log.warning(
@@ -180,7 +181,7 @@ class Runtime:
         worker_cls = ray.remote(RolloutWorker).options(**worker_options(resources, worker_env))
         threads = max(1, int(resources.cpus_per_worker))
         workers = [
-            worker_cls.remote(cfg, root, init_s, retriever, threads)
+            worker_cls.remote(cfg, root, init_s, retriever, threads, backend)
             for _ in range(resources.num_rollout_workers)
         ]
         runtime = cls(workers, [], remote=True, owns_ray=owns, retriever=retriever)
@@ -413,12 +414,12 @@ class Runtime:
     def restore(self, path: Path) -> TrainState:
         return self._on_learners("restore", str(path))
 
-    def reset(self, cfg: Config, root: str, init: str | None) -> None:
+    def reset(self, cfg: Config, root: str, init: str | None, backend: str = "hf") -> None:
         """Reuse these actors for another run: each runs its constructor again with the new
         run's config, directory and policy (the retriever serves the same corpus: the key)."""
         resources = cfg.resources
         threads = max(1, int(resources.cpus_per_worker))
-        self.worker_args = (cfg, root, init, self.retriever, threads)
+        self.worker_args = (cfg, root, init, self.retriever, threads, backend)
         self.weights_version = 0
         self._loads = []
         self._rollout_info = None

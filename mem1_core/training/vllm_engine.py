@@ -11,7 +11,6 @@ Python (mem1_core.training.rollout_python).
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import logging
 import os
@@ -46,33 +45,38 @@ def vllm_importable() -> bool:
         return False
 
 
-def resolve_backend(cfg: Config, *, use_ray: bool = True) -> Config:
-    """`rollout.backend=auto` -> vllm where vLLM can be imported, or (with Ray) where a vLLM
-    venv's Python is there for the rollout workers (mem1_core.training.rollout_python), else hf.
-    Decided once, by the driver, so every worker runs the same engine."""
+def choose_backend(cfg: Config, *, use_ray: bool = True) -> str:
+    """The generation backend the rollout workers run, `hf` or `vllm`: `rollout.backend`, or
+    for `auto` vllm where vLLM can be imported, or (with Ray) where a vLLM venv's Python is
+    there for the rollout workers (mem1_core.training.rollout_python), else hf. Decided once,
+    by the driver, and handed to every worker beside the config (the config itself still
+    says `auto`: it is never rewritten after loading, issue 29)."""
     if cfg.rollout.backend != "auto":
-        return cfg
+        return cfg.rollout.backend
     vllm = vllm_importable() or (use_ray and vllm_python(cfg.resources.rollout_python) is not None)
     backend = "vllm" if vllm else "hf"
     log.info("rollout.backend=auto: using %s", backend)
-    return dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, backend=backend))
+    return backend
 
 
-def require_vllm(cfg: Config, *, elsewhere: bool = False) -> None:
-    """Fail early, with the way out, when `rollout.backend=vllm` but vLLM is not importable
-    (checked without importing it: that takes seconds, and a Ray driver never needs it) and
-    the rollout workers do not run under another Python that has it (`elsewhere`)."""
-    if cfg.rollout.backend != "vllm" or elsewhere:
+def require_vllm(backend: str, *, elsewhere: bool = False) -> None:
+    """Fail early, with the way out, when the rollout `backend` is vllm but vLLM is not
+    importable (checked without importing it: that takes seconds, and a Ray driver never
+    needs it) and the rollout workers do not run under another Python that has it
+    (`elsewhere`)."""
+    if backend != "vllm" or elsewhere:
         return
     if not vllm_importable():
         raise ImportError(f"{VLLM_VENV_HINT} (this Python: {sys.executable})")
 
 
-def rollout_workers_env(cfg: Config, use_ray: bool) -> dict | None:
+def rollout_workers_env(cfg: Config, use_ray: bool, backend: str | None = None) -> dict | None:
     """The Ray runtime env of the rollout workers: None (the driver's own Python) unless they
-    generate with vLLM, run on Ray and this Python cannot import vLLM; then the vLLM venv's
-    Python (mem1_core.training.rollout_python), or None if there is none (require_vllm says so)."""
-    if cfg.rollout.backend != "vllm" or not use_ray or vllm_importable():
+    generate with vLLM (`backend`, default: choose_backend), run on Ray and this Python cannot
+    import vLLM; then the vLLM venv's Python (mem1_core.training.rollout_python), or None if
+    there is none (require_vllm says so)."""
+    backend = backend or choose_backend(cfg, use_ray=use_ray)
+    if backend != "vllm" or not use_ray or vllm_importable():
         return None
     return rollout_runtime_env(cfg.resources.rollout_python)
 

@@ -31,7 +31,7 @@ from mem1_core.rollout.loop import Task, rollout
 from mem1_core.runs.layout import RunPaths
 from mem1_core.training.actor_pool import drop_state
 from mem1_core.training.ray_start import actor_device, set_threads
-from mem1_core.training.vllm_engine import require_vllm, vllm_backend
+from mem1_core.training.vllm_engine import choose_backend, require_vllm, vllm_backend
 from mem1_core.trajectory.logprobs import Attn, use_attention
 from mem1_core.trajectory.record import Trajectory
 
@@ -50,15 +50,19 @@ class RolloutWorker:
         init: str | None = None,
         retriever: Any = None,
         threads: int | None = None,
+        backend: str | None = None,
     ):
+        """`backend`: hf or vllm, as the driver chose it for every worker (default:
+        vllm_engine.choose_backend for a worker in the driver's process)."""
         set_threads(threads)
-        require_vllm(cfg)
+        self.backend_name = backend or choose_backend(cfg, use_ray=False)
+        require_vllm(self.backend_name)
         paths = RunPaths(Path(run_root))
         self.cfg = cfg
         self.device = actor_device(cfg.resources.gpus_per_worker)
         tok = ensure_tokenizer(cfg, paths)
         init_dir = None if init is None else Path(init)
-        if cfg.rollout.backend == "vllm":
+        if self.backend_name == "vllm":
             cuda = self.device.type == "cuda"
             self.backend = vllm_backend(cfg, paths, tok, init_dir, cuda)
         else:
@@ -86,9 +90,9 @@ class RolloutWorker:
         """What this worker generates with: `rollout_backend` (hf or vllm), `vllm_version`
         (None for hf) and `rollout_python`, the interpreter it runs under (metrics.jsonl
         records them every iteration)."""
-        vllm = sys.modules.get("vllm") if self.cfg.rollout.backend == "vllm" else None
+        vllm = sys.modules.get("vllm") if self.backend_name == "vllm" else None
         return {
-            "rollout_backend": self.cfg.rollout.backend,
+            "rollout_backend": self.backend_name,
             "vllm_version": getattr(vllm, "__version__", None),
             "rollout_python": sys.executable,
         }
