@@ -346,3 +346,24 @@ def test_impossible_fsdp_settings_fail_with_the_way_out(tmp_path):
     ):
         with pytest.raises(ValueError, match=message):
             load_config("smoke", None, overrides)
+
+
+def test_an_fsdp_updates_phase_timers_are_its_slowest_ranks_with_the_spread():
+    """Every rank times its own phases; the collective waits for the slowest, so the
+    iteration's timer is the maximum over ranks, and the spread names a straggler. Every
+    other statistic is rank 0's (the ranks reduce their gradients: the same numbers)."""
+    from mem1_core.training.runtime import merge_rank_stats
+
+    ranks = [
+        {"pg_loss": 0.5, "phase_score_seconds": 2.0, "phase_epochs_seconds": 10.0},
+        {"pg_loss": 0.7, "phase_score_seconds": 3.5, "phase_epochs_seconds": 9.0},
+    ]
+    got = merge_rank_stats(ranks)
+    assert got == {
+        "pg_loss": 0.5,
+        "phase_score_seconds": 3.5,
+        "phase_score_seconds_spread": 1.5,
+        "phase_epochs_seconds": 10.0,
+        "phase_epochs_seconds_spread": 1.0,
+    }
+    assert merge_rank_stats(ranks[:1])["phase_epochs_seconds_spread"] == 0.0

@@ -99,6 +99,19 @@ def worker_options(resources: ResourcesConfig, runtime_env: dict | None) -> dict
     return options
 
 
+def merge_rank_stats(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """One update's statistics from every FSDP rank -> rank 0's, with each phase timer
+    (`phase_*_seconds`) the slowest rank's (a collective waits for it) and
+    `phase_*_seconds_spread`, slowest minus fastest: where a straggler rank shows."""
+    out = dict(per_rank[0])
+    for key in per_rank[0]:
+        if key.startswith("phase_") and key.endswith("_seconds"):
+            times = [float(r[key]) for r in per_rank]
+            out[key] = max(times)
+            out[f"{key}_spread"] = max(times) - min(times)
+    return out
+
+
 class Runtime:
     """Workers and learner, remote (Ray actors) or local (plain objects), called alike.
     `learners` is the one Learner, or the FSDP group's ranks (rank 0 first): every learner
@@ -373,6 +386,12 @@ class Runtime:
             import ray
 
             trajs = ray.put(trajs)  # stored once, read by every rank
+            calls = [r.update.remote(trajs, iteration) for r in self.learners]
+            try:
+                return merge_rank_stats(self._get_all(calls))
+            except ray.exceptions.RayActorError as e:
+                self._raise_if_learner(e, "update")
+                raise
         return self._on_learners("update", trajs, iteration)
 
     def sync_weights(self, *, wait: bool = True) -> None:
