@@ -39,9 +39,9 @@ from flows.common import (
     resolved,
 )
 from mem1_core.config import config_json
+from mem1_core.evaluation.run_summary import render_headline, render_summary, run_headline
 from mem1_core.runs.atomic import write_json, write_text
 from mem1_core.runs.layout import CHECKPOINTS, newest_checkpoint_under
-from mem1_core.runs.summary import render_headline, render_summary, run_headline
 from mem1_core.training.actor_pool import reuse_actors
 
 Scalar = int | float | str | bool | None

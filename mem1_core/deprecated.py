@@ -78,6 +78,11 @@ MOVED: dict[str, str] = {
     "mem1_core.runs.assets.ensure_index": "mem1_core.retrieval.run_index.ensure_run_index",
     # runs/ keeps the layout, checkpoints and atomic writes; a run's inputs are made where
     # they are made (issue 29): mem1_core.runs.assets is only these names now
+    # a run's summary is rendered beside the headline it renders
+    "mem1_core.runs.summary.PLOTS": "mem1_core.evaluation.run_summary.PLOTS",
+    "mem1_core.runs.summary.run_headline": "mem1_core.evaluation.run_summary.run_headline",
+    "mem1_core.runs.summary.render_headline": "mem1_core.evaluation.run_summary.render_headline",
+    "mem1_core.runs.summary.render_summary": "mem1_core.evaluation.run_summary.render_summary",
     "mem1_core.runs.assets.ensure_world": "mem1_core.data.run_tasks.ensure_world",
     "mem1_core.runs.assets.corpus_path": "mem1_core.data.run_tasks.corpus_path",
     "mem1_core.runs.assets.ensure_tasks": "mem1_core.data.run_tasks.ensure_tasks",

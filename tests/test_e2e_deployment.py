@@ -29,8 +29,8 @@ import yaml
 from deployments import launch
 from deployments.processes import alive, descendants, stop_process_tree
 from flows.pipeline import PIPELINE, STAGES, StageResult, headline_rows
+from mem1_core.evaluation.run_summary import render_summary
 from mem1_core.runs.layout import newest_checkpoint_under as latest_checkpoint
-from mem1_core.runs.summary import render_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 # Every stage of the smoke pipeline (two PPO runs on shared Ray actors included): ~2 min on an
