@@ -121,9 +121,9 @@ def train_arms(cfg, out: Path, args) -> dict[str, float]:
         timed("warm start", train_sft, cfg, warm, warm_start=True, resume=True)
     init = resolve_init(warm)
     for arm, sub, memory in (("mem1-ppo", "ppo_mem1", "mem1"), ("full-ppo", "ppo_full", "full")):
-        if arm in args.arms:
+        d = out / sub
+        if arm in args.arms and not finished(d, cfg.ppo.iterations):
             arm_cfg = replace(cfg, rollout=replace(cfg.rollout, memory=memory))
-            d = out / sub
             timed(arm, train_rl, arm_cfg, d, resume=d.exists(), init=init, use_ray=not args.no_ray)
     if "mem1-sft" in args.arms:
         # the faithful teacher's N=train_objectives trajectories, sft.steps of them
@@ -132,6 +132,15 @@ def train_arms(cfg, out: Path, args) -> dict[str, float]:
             objectives=cfg.data.train_objectives, init=init, assets_dir=warm, resume=True,
         )  # fmt: skip
     return walls
+
+
+def finished(run_dir: Path, iterations: int) -> bool:
+    """A PPO arm that ran all its iterations (its last metrics row says how it stopped):
+    reused without starting its models again."""
+    from mem1_core.runs.layout import RunPaths
+
+    rows = RunPaths(run_dir).read_metrics() if run_dir.exists() else []
+    return bool(rows) and "stopped_by" in rows[-1] and rows[-1]["iteration"] + 1 >= iterations
 
 
 def trained(out: Path, arms: list[str]) -> list[tuple[str, str, str]]:
