@@ -255,7 +255,8 @@ def plot(curves: dict[str, list[dict]], evals: dict[int, dict], n_train: int, pa
                 color=f"C{k}", capsize=2, label=agent if s == 0 else None,
             )  # fmt: skip
     em.set_xscale("log", base=2)
-    em.set_xlabel("objectives N (dotted: " + ", ".join(f"world {w}" for w in list(evals)[1:]) + ")")
+    more = ", ".join(f"world {w}" for w in list(evals)[1:])
+    em.set_xlabel(f"objectives N (dotted: {more})" if more else "objectives N")
     em.set_title(f"held-out EM fraction, world {next(iter(evals), '')}")
     em.grid(alpha=0.3)
     em.legend(fontsize=7)
