@@ -349,15 +349,20 @@ class Runtime:
             ) from error
 
     def _on_learners(self, method: str, *args: Any) -> Any:
-        """Call `method` on every learner rank at once (a collective); -> rank 0's answer.
-        A learner process that died takes the run's training state with it: `ActorLost`."""
+        """Call `method` on every learner rank at once (a collective); -> rank 0's answer."""
+        return self._on_every_learner(method, *args)[0]
+
+    def _on_every_learner(self, method: str, *args: Any) -> list[Any]:
+        """Call `method` on every learner rank at once (a collective); -> every rank's answer,
+        rank 0 first (in this process: the one learner's). A learner process that died takes
+        the run's training state with it: `ActorLost`."""
         calls = [self._call(r, method, *args) for r in self.learners]
         if not self.remote:
-            return calls[0]
+            return calls
         import ray
 
         try:
-            return self._get_all(calls)[0]
+            return self._get_all(calls)
         except ray.exceptions.RayActorError as e:
             self._raise_if_learner(e, method)
             raise
@@ -386,13 +391,8 @@ class Runtime:
             import ray
 
             trajs = ray.put(trajs)  # stored once, read by every rank
-            calls = [r.update.remote(trajs, iteration) for r in self.learners]
-            try:
-                return merge_rank_stats(self._get_all(calls))
-            except ray.exceptions.RayActorError as e:
-                self._raise_if_learner(e, "update")
-                raise
-        return self._on_learners("update", trajs, iteration)
+        per_rank = self._on_every_learner("update", trajs, iteration)
+        return merge_rank_stats(per_rank) if len(per_rank) > 1 else per_rank[0]
 
     def sync_weights(self, *, wait: bool = True) -> None:
         """Learner -> object store -> every worker (an ObjectRef is resolved in the worker).
