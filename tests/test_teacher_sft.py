@@ -169,6 +169,46 @@ def test_a_counting_teacher_states_the_next_question_of_n_then_done_n_of_n(
         assert c.turns[-1].gen_text == last.replace(" </IS>", f" Done: {n} of {n}. </IS>")
 
 
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_a_slots_teacher_lists_every_question_pending_until_its_first_lookup(
+    small_world, small_tokenizer, env, n
+):
+    """teacher.slots: the same play as the plain teacher (same lookups, same answers); each
+    turn's state holds Q1..QN in order, the questions not yet queried (counted from the
+    trajectory's own earlier queries) reading `pending`, every other entry as the plain
+    teacher wrote it; the answer turn has nothing pending."""
+    from mem1_core.data.compose import compose
+    from mem1_core.data.prompts import IS_CLOSE, IS_OPEN
+    from mem1_core.data.qa_data import world_questions
+    from mem1_core.rollout.loop import tasks_from_table
+    from mem1_core.rollout.teacher import task_steps
+
+    def entries(gen_text: str) -> dict[str, str]:
+        state = gen_text.split(IS_OPEN)[1].split(IS_CLOSE)[0]
+        state = state.split(" Next: ")[0].strip()
+        if state == "Start.":
+            return {}
+        return dict(e.strip().split(": ", 1) for e in state.rstrip(".").split(". "))
+
+    table, _ = compose(world_questions(small_world.questions).table, n, split="train")
+    tasks = tasks_from_table(table)[:8]
+    plain = rollout(tasks, ScriptedTeacher(small_tokenizer, tasks), env, CFG, memory="mem1")
+    slotted = rollout(
+        tasks, ScriptedTeacher(small_tokenizer, tasks, slots=True), env, CFG, memory="mem1"
+    )
+    for task, p, s in zip(tasks, plain, slotted, strict=True):
+        assert s.answer == p.answer and s.em == p.em == [1.0] * n
+        assert [t.query for t in s.turns] == [t.query for t in p.turns]
+        hops = [len(obj) for obj in task_steps(task)]
+        for k, (tp, ts) in enumerate(zip(p.turns, s.turns, strict=True)):
+            got, want = entries(ts.gen_text), entries(tp.gen_text)
+            assert list(got) == [f"Q{i + 1}" for i in range(n)]
+            started = sum(1 for i in range(n) if sum(hops[:i]) < k)  # a lookup before turn k
+            for i in range(n):
+                assert got[f"Q{i + 1}"] == (want[f"Q{i + 1}"] if i < started else "pending")
+        assert "pending" not in s.turns[-1].gen_text
+
+
 def test_forgetting_is_a_fixed_draw_per_trajectory_and_objective(small_tasks, small_tokenizer, env):
     """Half the finished first objectives are dropped at forget_rate=0.5, and the same ones on
     a second run (a turn's text depends only on its trajectory)."""

@@ -300,6 +300,12 @@ class TeacherConfig(Section):
     count, the format every shipped model learned. What it is for: a model shown N <= 2 that
     learns "answer after two" stops early at N = 8; a count in the state makes the stopping
     rule an equality it reads ("2 of 2"), the same at every N."""
+    slots: bool = False
+    """The state lists every question from the first turn (issue 27): `Q3: pending.` until
+    its first lookup, then what was found, as before. Off: the state lists only what was
+    found. What it is for: without it, "Q1: a. Q2: b." at N = 8 reads as a finished N = 2
+    state, and a model shown N <= 2 answers there; with it the stopping rule is "no question
+    pending", the same check at every N, with no count to keep."""
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -76,11 +76,10 @@ def run_objective_scaling(
     if teacher:
         # the teacher as a reference row under both memories: its peak tokens show what each
         # memory costs when the play is perfect
-        count = cfg.teacher.counting  # the state format the run's teacher taught
-        built.append(Agent("teacher", "mem1", None, ScriptedTeacher(tok, every, counting=count)))
-        built.append(
-            Agent("teacher-full", "full", None, ScriptedTeacher(tok, every, counting=count))
-        )
+        # the state format the run's teacher taught
+        fmt = {"counting": cfg.teacher.counting, "slots": cfg.teacher.slots}
+        built.append(Agent("teacher", "mem1", None, ScriptedTeacher(tok, every, **fmt)))
+        built.append(Agent("teacher-full", "full", None, ScriptedTeacher(tok, every, **fmt)))
     out = Path(out_dir)
     table = evaluate_scaling(
         built, tok, env, tasks_by_n, cfg.rollout, out, progress=progress, scorer=cfg.eval.scorer

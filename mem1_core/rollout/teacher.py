@@ -58,6 +58,10 @@ class Step:
     answer: str
 
 
+PENDING = "pending"
+"""A question the state lists before its first lookup (TeacherConfig.slots)."""
+
+
 def task_steps(task: Task) -> list[list[Step]]:
     """The lookups of each objective, from the world's plans."""
     out = []
@@ -98,6 +102,7 @@ class ScriptedTeacher:
         seed: int = 0,
         forget_rate: float = 0.0,
         counting: bool = False,
+        slots: bool = False,
     ):
         if not can_play(tasks):
             # it would answer `?` to every question, and SFT would teach exactly that
@@ -111,6 +116,8 @@ class ScriptedTeacher:
         self.forget_rate = forget_rate
         self.counting = counting
         """TeacherConfig.counting: the state says how many questions there are."""
+        self.slots = slots
+        """TeacherConfig.slots: the state lists every question, `pending` until looked up."""
         self.seed = seed
         self.rng = random.Random(seed)
 
@@ -145,7 +152,7 @@ class ScriptedTeacher:
             back[step.objective].append(step.answer if step.answer in turn.info_text else None)
         held = [b or f for f, b in zip(found, back, strict=True)]
         lapsed = {i for i in forgotten if not back[i]}
-        state = self.state_text(task, steps, held, lapsed)
+        state = self.state_text(task, steps, held, lapsed, slots=self.slots)
         of = f" of {len(steps)}" if self.counting else ""
         if done < len(order) and not last_turn:
             nxt = order[done]
@@ -208,13 +215,17 @@ class ScriptedTeacher:
         steps: list[list[Step]],
         found: list[list[str | None]],
         forgotten: set[int] = frozenset(),
+        slots: bool = False,
     ) -> str:
         """The consolidated memory: per question only what is still needed — its answer once
         every lookup is done (`?` if `forgotten`), else the facts found so far (MEM1 §3: fold,
-        don't append)."""
+        don't append). A question not yet looked up is left out, or with `slots` listed as
+        `pending`."""
         parts = []
         for i, (obj, f) in enumerate(zip(steps, found, strict=True)):
-            if not f:  # nothing known yet: the state lists only what was found
+            if not f:  # nothing known yet
+                if slots:
+                    parts.append(f"Q{i + 1}: {PENDING}.")
                 continue
             if i in forgotten:
                 facts = UNKNOWN

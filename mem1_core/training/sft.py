@@ -63,6 +63,7 @@ def teacher_trajectories(
     forget_rate: float = 0.0,
     seed: int = 0,
     counting: bool = False,
+    slots: bool = False,
 ) -> list[Trajectory]:
     teacher = ScriptedTeacher(
         tokenizer,
@@ -71,6 +72,7 @@ def teacher_trajectories(
         forget_rate=forget_rate,
         seed=seed,
         counting=counting,
+        slots=slots,
     )
     return rollout(tasks, teacher, env, rollout_cfg, memory=memory)
 
@@ -339,6 +341,7 @@ def train_sft(
             forget_rate=cfg.teacher.forget_rate,
             seed=cfg.teacher.seed + k,
             counting=cfg.teacher.counting,
+            slots=cfg.teacher.slots,
         )
     write_trajectories(trajs, out / "teacher_trajectories.parquet")
     model = load_model(init, cfg.model, tok) if init else initial_policy(cfg, tok)
