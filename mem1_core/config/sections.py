@@ -305,7 +305,9 @@ class TeacherConfig(Section):
     its first lookup, then what was found, as before. Off: the state lists only what was
     found. What it is for: without it, "Q1: a. Q2: b." at N = 8 reads as a finished N = 2
     state, and a model shown N <= 2 answers there; with it the stopping rule is "no question
-    pending", the same check at every N, with no count to keep."""
+    pending", the same check at every N, with no count to keep. Measured with SmolLM2 (README,
+    issue 27): no better than the plain state; the warm start writes as many slots as it was
+    trained on, not as many as the prompt has questions."""
     seed: int = 0
 
     def __post_init__(self) -> None:
