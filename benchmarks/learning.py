@@ -101,6 +101,7 @@ def train_arms(cfg, out: Path, args) -> dict[str, float]:
     """The warm start (unless --init) and each arm, resumed where a directory exists."""
     from dataclasses import replace
 
+    from mem1_core.runs.host_memory import release_freed_memory
     from mem1_core.runs.layout import resolve_init
     from mem1_core.training.sft import train_sft
     from mem1_core.training.train_rl import train_rl
@@ -111,6 +112,7 @@ def train_arms(cfg, out: Path, args) -> dict[str, float]:
         t0 = time.perf_counter()
         fn(*a, **kw)
         walls[name] = time.perf_counter() - t0
+        release_freed_memory(name)  # the next arm trains in this process
 
     warm = out / "warm_start"
     if args.init:

@@ -33,6 +33,7 @@ from flows.common import (
     stage_run_name,
 )
 from mem1_core.deprecated import moved_names
+from mem1_core.runs.host_memory import release_freed_memory
 from mem1_core.runs.layout import EVAL, PPO_FULL, PPO_MEM1, SFT_MEM1, WARM_START
 
 __getattr__ = moved_names(__name__)  # old names (mem1_core.deprecated.MOVED)
@@ -70,6 +71,7 @@ def warm_start(
     root = Path(run_dir)
     out = root / WARM_START
     result = train_sft(cfg, out, warm_start=True, assets_dir=root, resume=True, progress=False)
+    release_freed_memory("warm start")  # the PPO stage's actors start beside this process
     publish_table(
         "warm-start",
         metric_rows(result),
@@ -133,7 +135,7 @@ def train_sft_arm(
         print(f"SFT arm skipped: {NO_TEACHER}")
         return {"skipped": NO_TEACHER}
     root = Path(run_dir)
-    return train_sft(
+    result = train_sft(
         cfg,
         root / SFT_MEM1,
         objectives=cfg.data.train_objectives,
@@ -142,6 +144,8 @@ def train_sft_arm(
         resume=True,
         progress=False,
     )
+    release_freed_memory("SFT arm")
+    return result
 
 
 @flow(name="evaluate-objective-scaling", flow_run_name=stage_run_name, log_prints=True)
@@ -161,6 +165,7 @@ def evaluate_objective_scaling(
     result = run_objective_scaling(
         cfg, root, root / EVAL, trained_agents(root), teacher=True, progress=False
     )
+    release_freed_memory("evaluation")
     headline = read_headline(root / EVAL)  # what the stage wrote: rendered, not recomputed
     publish_table("objective-scaling", agent_rows(headline), f"Agents × N, {root / EVAL}")
     publish_markdown(
