@@ -30,6 +30,18 @@ def test_a_time_budget_ends_the_estimate_when_it_is_the_tighter_bound(tmp_path):
     assert read(tmp_path / "p.json")["eta_s"] == pytest.approx(15.0, abs=1.0)
 
 
+def test_no_estimate_before_the_first_unit_when_a_count_decides(tmp_path):
+    """Before its first iteration a run with a count and a generous time cap has no estimate
+    ('?'), not the cap's remainder; after it, the count's."""
+    p = Progress("ppo", total=4, budget_seconds=3 * 3600, path=tmp_path / "p.json", file_seconds=0)
+    p.t0 -= 100.0
+    p.update(0)
+    assert read(tmp_path / "p.json")["eta_s"] is None
+    assert line(read(tmp_path / "p.json")).endswith("~? left")
+    p.update(1)
+    assert read(tmp_path / "p.json")["eta_s"] == pytest.approx(300.0, abs=1.0)
+
+
 def test_updates_are_throttled_for_the_file_and_the_log(tmp_path, caplog):
     path = tmp_path / "progress.json"
     with caplog.at_level(logging.INFO, logger="mem1.progress"):

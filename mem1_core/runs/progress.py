@@ -70,6 +70,10 @@ class Progress:
         elapsed = time.perf_counter() - self.t0
         f = 1.0 if final else self.fraction()
         eta = 0.0 if final else (elapsed * (1 - f) / f if f else None)
+        if not final and self.total and not self.done:
+            # the count decides and no unit has finished: the time budget alone would read as
+            # an estimate ("~1:51:53 left" for a run of minutes); the first unit tells
+            eta = None
         return {
             "stage": self.stage,
             "done": self.done,
