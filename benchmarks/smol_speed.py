@@ -161,11 +161,15 @@ def vllm_generation(model, contexts, new_tokens: int, threads: int, dtype: str) 
 
 
 def learner_logprobs(model, context: list[int], gen: list[int], ctx) -> torch.Tensor:
-    """Log-probs of `gen` after `context`, one forward pass as the learner computes them."""
-    ids = torch.tensor([context + gen])
-    with torch.no_grad(), ctx:
-        logits = model(input_ids=ids).logits[0, len(context) - 1 : -1].float()
-    return logits.log_softmax(-1).gather(-1, torch.tensor(gen)[:, None])[:, 0]
+    """Log-probs of `gen` after `context` by the definition (re-running the context and the
+    generation in one pass, mem1_core.trajectory.logprobs.per_turn_logprobs), as the learner
+    computes them, under `ctx` (float32 or bf16 autocast)."""
+    from mem1_core.trajectory.logprobs import per_turn_logprobs
+    from mem1_core.trajectory.tree import Segment
+
+    path = [Segment("context", tuple(context), False), Segment("gen", tuple(gen), True)]
+    with ctx:
+        return per_turn_logprobs(model, [path])[0]
 
 
 def training_step(model, ctx, batch: torch.Tensor, lora: bool = False) -> dict:
