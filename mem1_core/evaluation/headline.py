@@ -142,6 +142,15 @@ def _with_sum(got: dict[str, Any], metric: str, n: int) -> dict[str, Any]:
     return got | {"value_sum": got["value"] * n, "se_sum": None if se is None else se * n}
 
 
+def compare_cells(
+    c: Comparison, a: Mapping[str, Any], b: Mapping[str, Any], n: int
+) -> dict[str, Any] | None:
+    """Comparison `c` of two cells at N=`n` (cells as `build_headline` writes them):
+    `value` ± `se`, an EM difference also on the 0..N scale; None where a number is missing."""
+    got = _compare(c, a, b)
+    return None if got is None else _with_sum(got, c.metric, n)
+
+
 def build_headline(
     table: pd.DataFrame, scorer: str = "squad", roles: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
@@ -159,11 +168,11 @@ def build_headline(
             continue
         for n in ns:
             a, b = by.get((roles[c.a], n)), by.get((roles[c.b], n))
-            got = _compare(c, a, b) if a and b else None
+            got = compare_cells(c, a, b, n) if a and b else None
             if got is not None:
                 comparisons.append(
                     {"comparison": c.name, "label": c.label, "N": n,
-                     "a": roles[c.a], "b": roles[c.b], **_with_sum(got, c.metric, n)}
+                     "a": roles[c.a], "b": roles[c.b], **got}
                 )  # fmt: skip
     return {
         "schema": HEADLINE_SCHEMA,
