@@ -45,6 +45,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout
 
 from benchmarks.common import ROOT, free_port, retriever_command, wait_for_retriever  # noqa: E402
+from mem1_core.runs.host_memory import resident_bytes  # noqa: E402
 
 BATCHES = (1, 1, 4, 4, 16, 32, 128)
 """Queries per well-formed request, drawn uniformly (small batches are the common case:
@@ -62,15 +63,8 @@ def say(msg: str) -> None:
 
 
 def rss_mb(pid: int | None) -> float | None:
-    if pid is None:
-        return None
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        return None
-    return None
+    rss = None if pid is None else resident_bytes(pid)
+    return None if rss is None else round(rss / 2**20, 1)
 
 
 class RssSampler:

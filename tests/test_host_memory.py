@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 
 import pytest
 
@@ -24,3 +25,23 @@ def test_freed_fragmented_memory_leaves_the_resident_set():
     assert freed > 200 * 2**20
     assert resident_bytes() - base < 100 * 2**20
     assert len(keep) == 1172
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_another_process_resident_set():
+    """A child holding 200 MB reads as at least that; a process that has ended reads None."""
+    import subprocess
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; b = b'x' * (200 * 2**20); sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while (resident_bytes(child.pid) or 0) < 200 * 2**20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert resident_bytes(child.pid) >= 200 * 2**20
+    finally:
+        child.communicate(b"")
+    assert resident_bytes(child.pid) is None

@@ -18,10 +18,11 @@ import logging
 log = logging.getLogger(__name__)
 
 
-def resident_bytes() -> int | None:
-    """This process's resident set size (Linux: /proc/self/statm), None elsewhere."""
+def resident_bytes(pid: int | None = None) -> int | None:
+    """The resident set size of process `pid` (this one when None; Linux: /proc/<pid>/statm),
+    None elsewhere or when that process is gone."""
     try:
-        with open("/proc/self/statm") as f:
+        with open(f"/proc/{'self' if pid is None else pid}/statm") as f:
             pages = int(f.read().split()[1])
     except (OSError, ValueError, IndexError):
         return None
