@@ -123,8 +123,7 @@ def cmd_sft(args) -> None:
         env,
         cfg.rollout,
         memory=args.memory,
-        forget_rate=cfg.teacher.forget_rate,
-        seed=cfg.teacher.seed,
+        teacher=cfg.teacher,
     )
     write_trajectories(trajs, out / "teacher_trajectories.parquet")
     emit(row("sft-data", args.memory, n, trajs, time.perf_counter() - t0))

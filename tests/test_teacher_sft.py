@@ -225,6 +225,31 @@ def test_forgetting_is_a_fixed_draw_per_trajectory_and_objective(small_tasks, sm
     assert 10 <= once.count("?") <= 30  # Binomial(40, 0.5): outside with p < 0.002
 
 
+def test_the_configured_teacher_keeps_its_format_and_drops_its_lapses_only_when_asked(
+    small_tasks, small_tokenizer, env
+):
+    """ScriptedTeacher.from_config plays as the teacher built from the same settings by hand:
+    SFT's data (lapses on) and the evaluation's reference rows (the state format, no lapses)."""
+    from mem1_core.config import TeacherConfig
+
+    tasks = small_tasks[:12]
+    cfg = TeacherConfig(forget_rate=1.0, error_rate=0.5, slots=True, counting=True, seed=3)
+
+    def texts(teacher):
+        return [[t.gen_text for t in tr.turns] for tr in rollout(tasks, teacher, env, CFG)]
+
+    by_hand = ScriptedTeacher(
+        small_tokenizer, tasks, error_rate=0.5, forget_rate=1.0, seed=5, slots=True, counting=True
+    )
+    assert texts(ScriptedTeacher.from_config(small_tokenizer, tasks, cfg, seed_offset=2)) == texts(
+        by_hand
+    )
+    faithful = ScriptedTeacher(small_tokenizer, tasks, seed=3, slots=True, counting=True)
+    clean = ScriptedTeacher.from_config(small_tokenizer, tasks, cfg, lapses=False)
+    assert texts(clean) == texts(faithful)
+    assert texts(clean) != texts(by_hand)  # the lapses were there to drop
+
+
 def test_sft_loss_is_the_mean_nll_of_generated_tokens_in_their_real_contexts(
     small_tasks, small_tokenizer, env
 ):

@@ -76,10 +76,10 @@ def run_objective_scaling(
     if teacher:
         # the teacher as a reference row under both memories: its peak tokens show what each
         # memory costs when the play is perfect
-        # the state format the run's teacher taught
-        fmt = {"counting": cfg.teacher.counting, "slots": cfg.teacher.slots}
-        built.append(Agent("teacher", "mem1", None, ScriptedTeacher(tok, every, **fmt)))
-        built.append(Agent("teacher-full", "full", None, ScriptedTeacher(tok, every, **fmt)))
+        # in the state format the run's teacher taught, without its lapses
+        for name, memory in (("teacher", "mem1"), ("teacher-full", "full")):
+            player = ScriptedTeacher.from_config(tok, every, cfg.teacher, lapses=False)
+            built.append(Agent(name, memory, None, player))
     out = Path(out_dir)
     table = evaluate_scaling(
         built, tok, env, tasks_by_n, cfg.rollout, out, progress=progress, scorer=cfg.eval.scorer

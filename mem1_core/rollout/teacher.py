@@ -33,6 +33,7 @@ import json
 import random
 from dataclasses import dataclass
 
+from mem1_core.config import TeacherConfig
 from mem1_core.data.prompts import (
     ANSWER_CLOSE,
     ANSWER_OPEN,
@@ -120,6 +121,26 @@ class ScriptedTeacher:
         """TeacherConfig.slots: the state lists every question, `pending` until looked up."""
         self.seed = seed
         self.rng = random.Random(seed)
+
+    @classmethod
+    def from_config(
+        cls,
+        tokenizer,
+        tasks: list[Task],
+        cfg: TeacherConfig,
+        *,
+        lapses: bool = True,
+        seed_offset: int = 0,
+    ) -> ScriptedTeacher:
+        """The teacher `cfg` describes: its state format always (what the run's models
+        learned to write), its lapses (`error_rate`, `forget_rate`) only with `lapses` — SFT's
+        data has them, the evaluation's reference rows play without."""
+        return cls(
+            tokenizer, tasks,
+            error_rate=cfg.error_rate if lapses else 0.0,
+            forget_rate=cfg.forget_rate if lapses else 0.0,
+            seed=cfg.seed + seed_offset, counting=cfg.counting, slots=cfg.slots,
+        )  # fmt: skip
 
     def generate(self, contexts, params, generator=None, trajectories=None) -> list[Generation]:
         if trajectories is None:

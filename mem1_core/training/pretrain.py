@@ -49,6 +49,7 @@ import pyarrow.parquet as pq
 import torch
 from tqdm.auto import tqdm
 
+from mem1_core.config import TeacherConfig
 from mem1_core.data.prompts import (
     ANSWER_CLOSE,
     ANSWER_OPEN,
@@ -104,7 +105,9 @@ def build_source(cfg, tok, root: Path, seed: int, pcfg) -> Source:
         table, _ = compose(questions, n, "per_source", seed, None, shuffle=True)
         tasks = tasks_from_table(table)[: pcfg.tasks_per_world]
         for memory in pcfg.memories:
-            trajs = teacher_trajectories(tasks, tok, env, cfg.rollout, memory=memory, seed=seed)
+            trajs = teacher_trajectories(
+                tasks, tok, env, cfg.rollout, memory=memory, teacher=TeacherConfig(seed=seed)
+            )
             for t in trajs:
                 if t.turns:
                     trees.append(flatten(turn_paths(t)))

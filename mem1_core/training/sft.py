@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from mem1_core.config import TeacherConfig
 from mem1_core.models.model import compute_context, enable_gradient_checkpointing, save_model
 from mem1_core.rollout.loop import Task, rollout
 from mem1_core.rollout.teacher import ScriptedTeacher
@@ -59,22 +60,15 @@ def teacher_trajectories(
     rollout_cfg,
     *,
     memory: str,
-    error_rate: float = 0.0,
-    forget_rate: float = 0.0,
-    seed: int = 0,
-    counting: bool = False,
-    slots: bool = False,
+    teacher: TeacherConfig | None = None,
+    seed_offset: int = 0,
 ) -> list[Trajectory]:
-    teacher = ScriptedTeacher(
-        tokenizer,
-        tasks,
-        error_rate=error_rate,
-        forget_rate=forget_rate,
-        seed=seed,
-        counting=counting,
-        slots=slots,
+    """The scripted teacher `teacher` describes (the default: faithful, the plain state)
+    playing `tasks`, lapses included (ScriptedTeacher.from_config)."""
+    player = ScriptedTeacher.from_config(
+        tokenizer, tasks, teacher or TeacherConfig(), seed_offset=seed_offset
     )
-    return rollout(tasks, teacher, env, rollout_cfg, memory=memory)
+    return rollout(tasks, player, env, rollout_cfg, memory=memory)
 
 
 def sft_loss(
@@ -337,11 +331,8 @@ def train_sft(
             src_env,
             cfg.rollout,
             memory=memory,
-            error_rate=cfg.teacher.error_rate,
-            forget_rate=cfg.teacher.forget_rate,
-            seed=cfg.teacher.seed + k,
-            counting=cfg.teacher.counting,
-            slots=cfg.teacher.slots,
+            teacher=cfg.teacher,
+            seed_offset=k,
         )
     write_trajectories(trajs, out / "teacher_trajectories.parquet")
     model = load_model(init, cfg.model, tok) if init else initial_policy(cfg, tok)
