@@ -3,7 +3,8 @@ a warm start, then every arm from it (PPO with MEM1 memory, PPO with the full co
 on the faithful teacher), each stopped by its count (ppo.iterations, sft.steps); then the
 pipeline's objective-scaling evaluation (greedy, held-out, agents × N, the headline's
 comparisons with standard errors) on the run's world and on worlds no stage trained on.
-Prints the tables and the curves, and writes learning.png and learning.json.
+Prints the tables, the issue's goals and the curves, and writes learning.png, learning.md
+(the README's tables) and learning.json.
 
     python benchmarks/learning.py --out runs/learning --profile smol          # issue 27
     python benchmarks/learning.py --out runs/l2 --init runs/learning/warm_start --arms mem1-ppo
@@ -96,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
             indent=1,
         )  # fmt: skip
     )
-    print(f"plot: {png}")
+    md = out / "learning.md"
+    md.write_text(markdown(evals, checked, cfg.world.seed))
+    print(f"plot: {png}\ntables: {md}")
     return 0
 
 
@@ -303,25 +306,72 @@ def goals(evals: dict[int, dict], own_seed: int, n_train: int) -> list[dict]:
     return rows
 
 
-def print_goals(rows: list[dict], own_seed: int) -> None:
-    def figure(r: dict) -> str:
-        se = r.get("se")
-        text = f"{r['value']:+.3f}" + ("" if se is None else f" ± {se:.3f}")
-        if r.get("value_sum") is not None:
-            text += f" (summed {r['value_sum']:+.2f} ± {r.get('se_sum') or 0:.2f})"
-        if se:
-            text += f", {r['value'] / se:+.1f} SE"
-        return text + (", met" if r["met"] else ", not met")
+def markdown(evals: dict[int, dict], checked: list[dict], own_seed: int) -> str:
+    """The tables as the README shows them: per world, agents × N as EM fraction ± SE (mean
+    peak tokens) and as EM summed over objectives ± SE (the paper's units); then the goals."""
+    lines = []
+    for seed, h in evals.items():
+        ns = h["objectives"]
+        by = {(c["agent"], c["N"]): c for c in h["cells"]}
+        head = "| agent | " + " | ".join(f"N={n}" for n in ns) + " |"
+        rule = "|---" * (len(ns) + 1) + "|"
+        for title, cell in (
+            ("EM fraction ± SE (mean peak tokens)", _fraction_cell),
+            ("EM summed over objectives ± SE (the paper's units, 0..N)", _sum_cell),
+        ):
+            lines += [f"World {seed}, held-out, greedy: {title}.", "", head, rule]
+            for agent in h["agents"]:
+                cells = [by.get((agent, n)) for n in ns]
+                lines.append(f"| {agent} | " + " | ".join(cell(c) for c in cells) + " |")
+            lines.append("")
+    lines += [f"Goals (issue 27) on world {own_seed}, and on the worlds no stage trained on:", ""]
+    for r in checked:
+        text = f"- {r['label']} at N={r['N']}, {r['bar']}: {_goal_figure(r)}"
+        for seed, o in r["worlds"].items():
+            if o is not None:
+                near = "within" if o["within_tolerance"] else "not within"
+                text += f"; world {seed}: {_goal_figure(o)} ({near} {WORLD_TOLERANCE})"
+        lines.append(text)
+    return "\n".join(lines) + "\n"
 
+
+def _fraction_cell(c: dict | None) -> str:
+    if c is None:
+        return ""
+    se = "" if c["em_frac_se"] is None else f" ± {c['em_frac_se']:.3f}"
+    return f"{c['em_frac']:.3f}{se} ({c['peak_tokens']:,.0f})"
+
+
+def _sum_cell(c: dict | None) -> str:
+    if c is None:
+        return ""
+    se = "" if c["em_sum_se"] is None else f" ± {c['em_sum_se']:.2f}"
+    return f"{c['em_sum']:.2f}{se}"
+
+
+def _goal_figure(r: dict) -> str:
+    """A goal's figure: value ± SE (summed over objectives), how many SE, met or not."""
+    se = r.get("se")
+    text = f"{r['value']:+.3f}" + ("" if se is None else f" ± {se:.3f}")
+    if r.get("value_sum") is not None:
+        text += f" (summed {r['value_sum']:+.2f} ± {r.get('se_sum') or 0:.2f})"
+    if se:
+        text += f", {r['value'] / se:+.1f} SE"
+    return text + (", met" if r["met"] else ", not met")
+
+
+def print_goals(rows: list[dict], own_seed: int) -> None:
     print(f"\ngoals (issue 27), world {own_seed} and the worlds no stage trained on:")
     for r in rows:
-        print(f"  {r['label']} at N={r['N']}, {r['bar']}: {figure(r)}")
+        print(f"  {r['label']} at N={r['N']}, {r['bar']}: {_goal_figure(r)}")
         for seed, o in r["worlds"].items():
             if o is None:
                 print(f"      world {seed}: not evaluated")
                 continue
             near = "within" if o["within_tolerance"] else "NOT within"
-            print(f"      world {seed}: {figure(o)}; {near} {WORLD_TOLERANCE} of world {own_seed}")
+            print(
+                f"      world {seed}: {_goal_figure(o)}; {near} {WORLD_TOLERANCE} of world {own_seed}"
+            )
 
 
 def plot(curves: dict[str, list[dict]], evals: dict[int, dict], n_train: int, path: Path) -> Path:

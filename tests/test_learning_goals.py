@@ -108,3 +108,22 @@ def test_agents_not_evaluated_leave_their_goals_out(learning):
     keys = set(by_key(learning.goal_figures(h, n_train=2)))
     assert "mem1_minus_full_em@16" not in keys and "mem1_over_full_peak@16" not in keys
     assert "mem1_minus_full_em@8" in keys
+
+
+def test_the_readme_tables_carry_every_cell_in_both_units(learning):
+    """learning.md: per world, each agent's row holds its EM fraction ± SE (peak tokens) and,
+    in the paper's units, N × that fraction ± N × its SE; then one line per goal."""
+    evals = {0: headline(EM, PEAK), 4242: headline(EM, PEAK)}
+    checked = learning.goals(evals, own_seed=0, n_train=2)
+    md = learning.markdown(evals, checked, own_seed=0)
+    rows = [line for line in md.splitlines() if line.startswith("| mem1-ppo |")]
+    assert len(rows) == 4  # two tables per world
+    fractions = [c.strip() for c in rows[0].strip("|").split("|")][1:]
+    assert fractions == ["0.620 ± 0.020 (300)", "0.300 ± 0.020 (330)", "0.100 ± 0.020 (400)",
+                         "0.030 ± 0.020 (500)"]  # fmt: skip
+    sums = [c.strip() for c in rows[1].strip("|").split("|")][1:]
+    want = [f"{EM['mem1-ppo'][n] * n:.2f} ± {0.02 * n:.2f}" for n in (2, 4, 8, 16)]
+    assert sums == want
+    goal_lines = [line for line in md.splitlines() if line.startswith("- ")]
+    assert len(goal_lines) == len(checked)
+    assert all("world 4242" in line for line in goal_lines)
