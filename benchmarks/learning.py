@@ -6,7 +6,7 @@ comparisons with standard errors) on the run's world and on worlds no stage trai
 Prints the tables, the issue's goals and the curves, and writes learning.png, learning.md
 (the README's tables) and learning.json.
 
-    python benchmarks/learning.py --out runs/learning --profile smol          # issue 27
+    python benchmarks/learning.py --out runs/learning --profile smol   # issue 27 (EXPERIMENT)
     python benchmarks/learning.py --out runs/l2 --init runs/learning/warm_start --arms mem1-ppo
     python benchmarks/learning.py --out runs/learning --profile tiny --objectives-per-n 64
 
@@ -30,6 +30,17 @@ from pathlib import Path
 
 ARMS = ("mem1-ppo", "full-ppo", "mem1-sft")
 """The trained arms, by the pipeline's agent names (mem1_core.evaluation.headline)."""
+
+EXPERIMENT = {
+    "smol": (
+        "ppo.iterations=16", "ppo.actor_lr=1e-5", "ppo.critic_lr=5e-5", "ppo.minibatch_size=8",
+        "sft.steps=64",
+    ),
+}  # fmt: skip
+"""The experiment's settings per profile, over the profile's own (which size the pipeline's
+`./dev train-eval` run, a check of every stage): SmolLM2's PPO arms get 16 iterations of 16
+tasks at actor lr 1e-5 (2 optimiser steps each; the profile's 2e-6 over 4 iterations moves
+nothing measurable), and the SFT arm 64 steps of 4 trajectories, the PPO arms' 256."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,13 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", dest="overrides", action="append", default=[])
     args = p.parse_args(argv)
 
-    from mem1_core.config import load_config
-
-    base = load_config(args.profile, None, args.overrides)
-    every = max(1, base.ppo.iterations // max(args.curve_points, 1))
-    curve = [f"ppo.eval_every={every}", f"ppo.eval_objectives={list(args.curve_n)}"]
-    # the user's --set come last: they win over the curve's defaults
-    cfg = load_config(args.profile, None, [*curve, *args.overrides])
+    cfg = experiment_config(args)
     out = Path(args.out).resolve()
     walls = train_arms(cfg, out, args)
     agents = trained(out, args.arms)
@@ -101,6 +106,23 @@ def main(argv: list[str] | None = None) -> int:
     md.write_text(markdown(evals, checked, cfg.world.seed))
     print(f"plot: {png}\ntables: {md}")
     return 0
+
+
+def experiment_config(args: argparse.Namespace):
+    """The run's Config: the profile, then EXPERIMENT's settings for it, then the held-out
+    curve's cadence (`--curve-points` over the iterations, at `--curve-n`), then the user's
+    --set, which win over both. `args.overrides` becomes the preset and the user's --set (what
+    the evaluations load too)."""
+    from mem1_core.config import load_config
+
+    preset = list(EXPERIMENT.get(args.profile, ()))
+    if preset:
+        print(f"{args.profile}: the experiment's settings (a --set wins): {' '.join(preset)}")
+    args.overrides = [*preset, *args.overrides]
+    base = load_config(args.profile, None, args.overrides)
+    every = max(1, base.ppo.iterations // max(args.curve_points, 1))
+    curve = [f"ppo.eval_every={every}", f"ppo.eval_objectives={list(args.curve_n)}"]
+    return load_config(args.profile, None, [*curve, *args.overrides])
 
 
 def train_arms(cfg, out: Path, args) -> dict[str, float]:

@@ -127,3 +127,29 @@ def test_the_readme_tables_carry_every_cell_in_both_units(learning):
     goal_lines = [line for line in md.splitlines() if line.startswith("- ")]
     assert len(goal_lines) == len(checked)
     assert all("world 4242" in line for line in goal_lines)
+
+
+def test_the_smol_experiment_s_settings_apply_and_a_set_wins(learning):
+    """`learning.py --profile smol` runs issue 27's settings over the profile's own; a --set
+    on the command line overrides them, and the held-out curve spreads over the iterations."""
+    import argparse
+
+    def cfg(*sets):
+        args = argparse.Namespace(profile="smol", overrides=list(sets), curve_points=4, curve_n=[8])
+        return learning.experiment_config(args)
+
+    c = cfg()
+    assert (c.ppo.iterations, c.ppo.actor_lr, c.ppo.critic_lr) == (16, 1e-5, 5e-5)
+    assert (c.ppo.minibatch_size, c.sft.steps) == (8, 64)
+    assert c.ppo.eval_every == 4 and list(c.ppo.eval_objectives) == [8]
+    c = cfg("ppo.iterations=8", "ppo.actor_lr=3e-5")
+    assert (c.ppo.iterations, c.ppo.actor_lr, c.ppo.eval_every) == (8, 3e-5, 2)
+    tiny = learning.experiment_config(
+        argparse.Namespace(profile="tiny", overrides=[], curve_points=4, curve_n=[8])
+    )
+    from mem1_core.config import load_config
+
+    own = load_config("tiny", None, [])  # no preset for tiny: the profile's own settings
+    assert (tiny.ppo.iterations, tiny.ppo.actor_lr, tiny.sft.steps) == (
+        own.ppo.iterations, own.ppo.actor_lr, own.sft.steps
+    )  # fmt: skip
