@@ -348,11 +348,11 @@ def markdown(evals: dict[int, dict], checked: list[dict], own_seed: int) -> str:
             lines.append("")
     lines += [f"Goals (issue 27) on world {own_seed}, and on the worlds no stage trained on:", ""]
     for r in checked:
-        text = f"- {r['label']} at N={r['N']}, {r['bar']}: {_goal_figure(r)}"
+        text = f"- {r['label']} at N={r['N']}, {r['bar']}: {_goal_figure(r, r['bar'])}"
         for seed, o in r["worlds"].items():
             if o is not None:
                 near = "within" if o["within_tolerance"] else "not within"
-                text += f"; world {seed}: {_goal_figure(o)} ({near} {WORLD_TOLERANCE})"
+                text += f"; world {seed}: {_goal_figure(o, r['bar'])} ({near} {WORLD_TOLERANCE})"
         lines.append(text)
     return "\n".join(lines) + "\n"
 
@@ -371,13 +371,14 @@ def _sum_cell(c: dict | None) -> str:
     return f"{c['em_sum']:.2f}{se}"
 
 
-def _goal_figure(r: dict) -> str:
-    """A goal's figure: value ± SE (summed over objectives), how many SE, met or not."""
+def _goal_figure(r: dict, bar: str) -> str:
+    """A goal's figure: value ± SE (summed over objectives), how many SE where the bar is
+    counted in them (a difference; not the peak-token ratio), met or not."""
     se = r.get("se")
     text = f"{r['value']:+.3f}" + ("" if se is None else f" ± {se:.3f}")
     if r.get("value_sum") is not None:
         text += f" (summed {r['value_sum']:+.2f} ± {r.get('se_sum') or 0:.2f})"
-    if se:
+    if se and bar.endswith("SE"):
         text += f", {r['value'] / se:+.1f} SE"
     return text + (", met" if r["met"] else ", not met")
 
@@ -385,14 +386,14 @@ def _goal_figure(r: dict) -> str:
 def print_goals(rows: list[dict], own_seed: int) -> None:
     print(f"\ngoals (issue 27), world {own_seed} and the worlds no stage trained on:")
     for r in rows:
-        print(f"  {r['label']} at N={r['N']}, {r['bar']}: {_goal_figure(r)}")
+        print(f"  {r['label']} at N={r['N']}, {r['bar']}: {_goal_figure(r, r['bar'])}")
         for seed, o in r["worlds"].items():
             if o is None:
                 print(f"      world {seed}: not evaluated")
                 continue
             near = "within" if o["within_tolerance"] else "NOT within"
             print(
-                f"      world {seed}: {_goal_figure(o)}; {near} {WORLD_TOLERANCE} of world {own_seed}"
+                f"      world {seed}: {_goal_figure(o, r['bar'])}; {near} {WORLD_TOLERANCE} of world {own_seed}"
             )
 
 

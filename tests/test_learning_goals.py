@@ -127,6 +127,9 @@ def test_the_readme_tables_carry_every_cell_in_both_units(learning):
     goal_lines = [line for line in md.splitlines() if line.startswith("- ")]
     assert len(goal_lines) == len(checked)
     assert all("world 4242" in line for line in goal_lines)
+    # a difference counts its standard errors; the peak-token ratio's bar is not in SE
+    assert all(" SE, " in line for line in goal_lines if "EM fraction" in line)
+    assert not any(" SE, " in line for line in goal_lines if "peak tokens" in line)
 
 
 def test_the_smol_experiment_s_settings_apply_and_a_set_wins(learning):
