@@ -222,29 +222,14 @@ def report(cfg, evals: dict[int, dict], curves: dict[str, list[dict]], walls) ->
         print(
             f"\nworld {seed}: held-out greedy EM fraction ± SE (peak tokens), scorer {h['scorer']}"
         )
-        print(f"  {'agent':<14}" + "".join(f"{'N=' + str(n):>22}" for n in ns))
         by = {(c["agent"], c["N"]): c for c in h["cells"]}
-        for agent in h["agents"]:
-            cells = [by.get((agent, n)) for n in ns]
-            print(
-                f"  {agent:<14}"
-                + "".join(
-                    f"{c['em_frac']:>9.3f} ± {c['em_frac_se'] or 0:.3f} ({c['peak_tokens']:>5.0f})"
-                    if c
-                    else " " * 22
-                    for c in cells
-                )  # fmt: skip
-            )
-        print("  the same, EM summed over objectives (the paper's units, 0..N):")
-        for agent in h["agents"]:
-            cells = [by.get((agent, n)) for n in ns]
-            print(
-                f"  {agent:<14}"
-                + "".join(
-                    f"{c['em_sum']:>11.2f} ± {c['em_sum_se'] or 0:.2f}       " if c else " " * 22
-                    for c in cells
-                )  # fmt: skip
-            )
+        # the two tables learning.md holds, in the same cells
+        for title, cell in ((None, _fraction_cell), ("EM summed over objectives", _sum_cell)):
+            if title:
+                print(f"  {title} (the paper's units, 0..N):")
+            print(f"  {'agent':<14}" + "".join(f"{'N=' + str(n):>23}" for n in ns))
+            for agent in h["agents"]:
+                print(f"  {agent:<14}" + "".join(f"{cell(by.get((agent, n))):>23}" for n in ns))
         for c in h["comparisons"]:
             se = "" if c["se"] is None else f" ± {c['se']:.3f}"
             print(f"  N={c['N']:<3} {c['label']}: {c['value']:.3f}{se}")
