@@ -232,6 +232,7 @@ def report(cfg, evals: dict[int, dict], curves: dict[str, list[dict]], walls) ->
                 print(f"  {agent:<14}" + "".join(f"{cell(by.get((agent, n))):>23}" for n in ns))
         for c in h["comparisons"]:
             se = "" if c["se"] is None else f" ± {c['se']:.3f}"
+            se += "" if c.get("se_paired") is None else f" (paired SE {c['se_paired']:.3f})"
             print(f"  N={c['N']:<3} {c['label']}: {c['value']:.3f}{se}")
     for name, rows in curves.items():
         print(f"\n{name}: iteration, sampled reward, KL to the start, held-out reward(s)")
@@ -251,14 +252,16 @@ def goal_figures(h: dict, n_train: int) -> list[dict]:
     ± SE (an EM difference also summed over objectives, the paper's units), the bar it must
     clear and whether it does. A row whose two agents were not both evaluated is left out.
     Bars: an EM difference must exceed `k` of its standard errors ("above": 2, the issue's
-    explicit 3 for MEM1-PPO over its warm start); the peak-token ratio must be at most 0.3."""
+    explicit 3 for MEM1-PPO over its warm start), the paired error where the headline has both
+    agents' per-task scores (they played the same tasks), else the independent one; the
+    peak-token ratio must be at most 0.3."""
     from mem1_core.evaluation.headline import (
         COMPARISONS,
         FULL,
         MEM1,
         SFT,
         Comparison,
-        compare_cells,
+        compare_agents,
     )
 
     named = {c.name: c for c in COMPARISONS}
@@ -274,15 +277,14 @@ def goal_figures(h: dict, n_train: int) -> list[dict]:
     wanted += [
         (named["rl_minus_sft_em"], mem1, sft, n, ("se", 2.0)) for n in h["objectives"] if n >= 4
     ]
-    cells = {(c["agent"], c["N"]): c for c in h["cells"]}
     rows = []
     for comp, a, b, n, (kind, bar) in wanted:
-        ca, cb = cells.get((a, n)), cells.get((b, n))
-        got = compare_cells(comp, ca, cb, n) if ca and cb else None
+        got = compare_agents(h, comp, a, b, n)
         if got is None:
             continue
         if kind == "se":
-            met = got["se"] is not None and got["value"] > bar * got["se"]
+            se = _bar_se(got)
+            met = se is not None and got["value"] > bar * se
             wants = f"> {bar:g} SE"
         else:
             met = got["value"] <= bar
@@ -292,6 +294,11 @@ def goal_figures(h: dict, n_train: int) -> list[dict]:
              "bar": wants, **got, "met": met}
         )  # fmt: skip
     return rows
+
+
+def _bar_se(r: dict) -> float | None:
+    """The standard error a goal's bar counts: the paired one where known."""
+    return r.get("se_paired", r.get("se"))
 
 
 def goals(evals: dict[int, dict], own_seed: int, n_train: int) -> list[dict]:
@@ -308,7 +315,9 @@ def goals(evals: dict[int, dict], own_seed: int, n_train: int) -> list[dict]:
         for seed, by_key in others.items():
             o = by_key.get(row["key"])
             row["worlds"][str(seed)] = o and {
-                k: o[k] for k in ("value", "se", "value_sum", "se_sum", "met") if k in o
+                k: o[k]
+                for k in ("value", "se", "se_paired", "value_sum", "se_sum", "se_sum_paired", "met")
+                if k in o
             } | {"within_tolerance": abs(o["value"] - row["value"]) <= WORLD_TOLERANCE}
     return rows
 
@@ -357,14 +366,19 @@ def _sum_cell(c: dict | None) -> str:
 
 
 def _goal_figure(r: dict, bar: str) -> str:
-    """A goal's figure: value ± SE (summed over objectives), how many SE where the bar is
-    counted in them (a difference; not the peak-token ratio), met or not."""
-    se = r.get("se")
+    """A goal's figure: value ± SE (summed over objectives), the paired SE where known, how
+    many SE where the bar is counted in them (a difference; not the peak-token ratio), met or
+    not."""
+    se, paired = r.get("se"), r.get("se_paired")
     text = f"{r['value']:+.3f}" + ("" if se is None else f" ± {se:.3f}")
+    if paired is not None:
+        text += f" (paired SE {paired:.3f})"
     if r.get("value_sum") is not None:
-        text += f" (summed {r['value_sum']:+.2f} ± {r.get('se_sum') or 0:.2f})"
-    if se and bar.endswith("SE"):
-        text += f", {r['value'] / se:+.1f} SE"
+        sum_se = r.get("se_sum_paired", r.get("se_sum")) or 0
+        text += f" (summed {r['value_sum']:+.2f} ± {sum_se:.2f})"
+    counted = _bar_se(r)
+    if counted and bar.endswith("SE"):
+        text += f", {r['value'] / counted:+.1f} {'paired ' if paired is not None else ''}SE"
     return text + (", met" if r["met"] else ", not met")
 
 

@@ -156,3 +156,22 @@ def test_the_smol_experiment_s_settings_apply_and_a_set_wins(learning):
     assert (tiny.ppo.iterations, tiny.ppo.actor_lr, tiny.sft.steps) == (
         own.ppo.iterations, own.ppo.actor_lr, own.sft.steps
     )  # fmt: skip
+
+
+def test_the_bar_counts_the_paired_error_where_the_tasks_are_known(learning):
+    """With both agents' per-task scores the 3-SE bar is counted in the paired error (the
+    same tasks), and the figure says so; without them, in the independent one."""
+    h = headline(EM, PEAK, se=0.05)  # 0.12 over the start: 1.7 independent SE, not met
+    assert not by_key(learning.goal_figures(h, n_train=2))["mem1_minus_start_em@2"]["met"]
+    # per-task scores whose mean gain is the cells' 0.12, the same on every task but two
+    start = {f"t{k}": 0.5 for k in range(16)}
+    ppo = {t: 0.62 for t in start} | {"t0": 0.66, "t1": 0.58}
+    h["task_em"] = {"warm-start": {"2": start}, "mem1-ppo": {"2": ppo}}
+    row = by_key(learning.goal_figures(h, n_train=2))["mem1_minus_start_em@2"]
+    d = [ppo[t] - start[t] for t in start]
+    mean = sum(d) / 16
+    want = math.sqrt(sum((x - mean) ** 2 for x in d) / 15 / 16)
+    assert row["se_paired"] == pytest.approx(want)
+    assert row["se"] == pytest.approx(math.hypot(0.05, 0.05))
+    assert row["met"]  # 0.12 over a paired SE of 0.004
+    assert "paired SE" in learning._goal_figure(row, row["bar"])

@@ -204,3 +204,78 @@ def test_summaries_carry_the_standard_error_of_the_em_fraction():
     ]
     got = summarize(trajs, 1.0)["em_frac_se"]
     assert got == pytest.approx(statistics.stdev(rewards) / 2)
+
+
+def _write_tasks(traj_dir, agent: str, n: int, em: list[list[float]]) -> list:
+    """Trajectories of `agent` at N=`n`, task k scoring em[k] per objective, written as the
+    evaluation writes them (mem1_core.evaluation.scaling)."""
+    from mem1_core.trajectory.record import Trajectory, write_trajectories
+
+    trajs = [
+        Trajectory(f"task{k}", "mem1", [1, 2], [["x"]] * n, em=list(e), f1=list(e))
+        for k, e in enumerate(em)
+    ]
+    write_trajectories(trajs, traj_dir / f"{agent}_n{n}.parquet")
+    return trajs
+
+
+def test_a_difference_on_the_same_tasks_gets_its_paired_error(tmp_path):
+    """se_paired is the standard error of the mean per-task difference (numpy's sample
+    standard deviation over sqrt(tasks)), read from the trajectories the evaluation wrote;
+    task difficulty that both agents share cancels in it, and not in the independent se."""
+    import numpy as np
+
+    from mem1_core.evaluation.headline import task_scores
+    from mem1_core.evaluation.summary import summarize
+
+    rng = np.random.default_rng(0)
+    hard = rng.random(40) < 0.5  # tasks both agents fail more often
+    ems = {
+        "mem1-ppo": [[float(rng.random() < (0.3 if h else 0.9)) for _ in range(2)] for h in hard],
+        "full-ppo": [[float(rng.random() < (0.2 if h else 0.8)) for _ in range(2)] for h in hard],
+    }
+    rows = []
+    for agent, em in ems.items():
+        trajs = _write_tasks(tmp_path, agent, 2, em)
+        rows.append({"agent": agent, "memory": "mem1" if agent == "mem1-ppo" else "full",
+                     "n_objectives": 2, **summarize(trajs)})  # fmt: skip
+    table = pd.DataFrame(rows)
+    h = build_headline(table, task_em=task_scores(tmp_path, table))
+    c = next(c for c in h["comparisons"] if c["comparison"] == "mem1_minus_full_em")
+
+    d = np.array([np.mean(a) - np.mean(b) for a, b in zip(*ems.values(), strict=True)])
+    assert c["value"] == pytest.approx(d.mean())
+    assert c["se_paired"] == pytest.approx(d.std(ddof=1) / np.sqrt(len(d)))
+    assert c["se_sum_paired"] == pytest.approx(2 * c["se_paired"])
+    assert c["se_paired"] < c["se"]  # the shared difficulty cancels
+    # the paired error is what the rendered comparison shows beside the independent one
+    row = next(r for r in comparison_rows(h) if r["comparison"] == c["label"])
+    assert row["paired SE"] == f"{c['se_paired']:.3f}"
+    # and a headline read back from a directory without headline.json recomputes it
+    (tmp_path / "trajectories").mkdir()
+    for p in tmp_path.glob("*.parquet"):
+        p.rename(tmp_path / "trajectories" / p.name)
+    table.to_csv(tmp_path / "metrics.csv", index=False)
+    again = read_headline(tmp_path)
+    assert next(x for x in again["comparisons"] if x["comparison"] == c["comparison"])[
+        "se_paired"
+    ] == pytest.approx(c["se_paired"])
+
+
+def test_no_paired_error_unless_both_played_the_same_tasks(tmp_path):
+    from mem1_core.evaluation.headline import paired_se, task_scores
+
+    a = _write_tasks(tmp_path, "mem1-ppo", 2, [[1, 0], [1, 1], [0, 0]])
+    b = _write_tasks(tmp_path, "full-ppo", 2, [[1, 1], [0, 0]])  # one task fewer
+    assert paired_se({"t": 1.0}, {"t": 0.0}) is None  # one task: no spread
+    assert paired_se({"t": 1.0, "u": 0.0}, {"t": 1.0, "v": 0.0}) is None
+    assert paired_se({"t": 1.0, "u": 0.0}, {"t": 1.0, "u": 0.0}) == 0.0  # identical play
+    from mem1_core.evaluation.summary import summarize
+
+    table = pd.DataFrame(
+        [{"agent": "mem1-ppo", "memory": "mem1", "n_objectives": 2, **summarize(a)},
+         {"agent": "full-ppo", "memory": "full", "n_objectives": 2, **summarize(b)}]
+    )  # fmt: skip
+    h = build_headline(table, task_em=task_scores(tmp_path, table))
+    c = next(c for c in h["comparisons"] if c["comparison"] == "mem1_minus_full_em")
+    assert "se_paired" not in c and c["se"] is not None

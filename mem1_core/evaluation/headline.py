@@ -13,10 +13,15 @@ Schema (`HEADLINE_SCHEMA`):
   not measured (a table written before it existed, or no spread to see) is null.
 - `comparisons`: one per comparison and `N` where both of its agents were evaluated: `value`
   ± `se`, with the agents it compares (`a`, `b`); an EM difference also as `value_sum` ±
-  `se_sum` (on the 0..N scale).
+  `se_sum` (on the 0..N scale); where both agents' per-task scores are known and cover the
+  same tasks, also `se_paired` (and `se_sum_paired`).
+- `task_em` (absent in headlines written before it): agent -> N (a string) -> task id -> that
+  task's EM fraction, read from the evaluation's trajectories.
 
-Standard errors of a comparison treat its two agents as independent samples. They ran on the
-same tasks, so the true (paired) error is smaller: the stated one is conservative.
+`se` treats the two agents of a comparison as independent samples. They played the same
+tasks, so task difficulty, which both share, inflates it; `se_paired` is the standard error of
+the mean per-task difference (the paired one: Miller 2024, "Adding Error Bars to Evals", §4),
+usually smaller, and the one to test a difference between agents with.
 """
 
 from __future__ import annotations
@@ -115,6 +120,41 @@ def _cell(r: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def paired_se(a: Mapping[str, float] | None, b: Mapping[str, float] | None) -> float | None:
+    """The standard error of the mean of a[t] − b[t] over tasks t (task id -> score): the
+    error of a difference between two agents that played the same tasks. None unless both
+    cover the same tasks, at least two of them."""
+    if not a or not b or set(a) != set(b) or len(a) < 2:
+        return None
+    d = [a[t] - b[t] for t in a]
+    mean = sum(d) / len(d)
+    return math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1) / len(d))
+
+
+def task_scores(
+    traj_dir: str | Path, table: pd.DataFrame
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Per-task EM fractions of every (agent, N) row of an evaluation table, from its
+    trajectories (`<agent>_n<N>.parquet`, as mem1_core.evaluation.scaling writes them):
+    agent -> str(N) -> task id -> EM fraction. A row without its file is left out."""
+    import pyarrow.parquet as pq
+
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for agent, n in zip(table["agent"], table["n_objectives"], strict=True):
+        path = Path(traj_dir) / f"{agent}_n{int(n)}.parquet"
+        if not path.is_file():
+            continue
+        t = pq.read_table(path, columns=["task_id", "reward"]).to_pydict()
+        out.setdefault(str(agent), {})[str(int(n))] = dict(
+            zip(map(str, t["task_id"]), map(float, t["reward"]), strict=True)
+        )
+    return out
+
+
+def _task_em(h: Mapping[str, Any], agent: str, n: int) -> dict[str, float] | None:
+    return (h.get("task_em") or {}).get(agent, {}).get(str(n))
+
+
 def _compare(c: Comparison, a: Mapping[str, Any], b: Mapping[str, Any]) -> dict | None:
     va, vb = a[c.metric], b[c.metric]
     if va is None or vb is None or (c.ratio and not vb):
@@ -138,37 +178,70 @@ def _with_sum(got: dict[str, Any], metric: str, n: int) -> dict[str, Any]:
     """An EM-fraction difference also on the paper's scale (EM summed over N objectives)."""
     if metric != "em_frac":
         return got
-    se = got["se"]
-    return got | {"value_sum": got["value"] * n, "se_sum": None if se is None else se * n}
+    got = got | {"value_sum": got["value"] * n, "se_sum": _times(got["se"], n)}
+    if "se_paired" in got:
+        got["se_sum_paired"] = _times(got["se_paired"], n)
+    return got
+
+
+def _times(se: float | None, n: int) -> float | None:
+    return None if se is None else se * n
 
 
 def compare_cells(
-    c: Comparison, a: Mapping[str, Any], b: Mapping[str, Any], n: int
+    c: Comparison,
+    a: Mapping[str, Any],
+    b: Mapping[str, Any],
+    n: int,
+    tasks: tuple[Mapping[str, float] | None, Mapping[str, float] | None] | None = None,
 ) -> dict[str, Any] | None:
     """Comparison `c` of two cells at N=`n` (cells as `build_headline` writes them):
-    `value` ± `se`, an EM difference also on the 0..N scale; None where a number is missing."""
+    `value` ± `se`, an EM difference also on the 0..N scale; None where a number is missing.
+    `tasks`: the two agents' per-task scores (task id -> EM fraction); where they cover the
+    same tasks, an EM difference also gets its paired error, `se_paired`."""
     got = _compare(c, a, b)
-    return None if got is None else _with_sum(got, c.metric, n)
+    if got is None:
+        return None
+    if tasks is not None and c.metric == "em_frac" and not c.ratio:
+        se = paired_se(*tasks)
+        if se is not None:
+            got["se_paired"] = se
+    return _with_sum(got, c.metric, n)
+
+
+def compare_agents(
+    h: Mapping[str, Any], c: Comparison, a: str, b: str, n: int
+) -> dict[str, Any] | None:
+    """Comparison `c` between agents `a` and `b` at N=`n` of headline `h`, with the paired
+    error where `h` has both agents' per-task scores; None where either was not evaluated."""
+    cells = {(x["agent"], x["N"]): x for x in h["cells"]}
+    ca, cb = cells.get((a, n)), cells.get((b, n))
+    if not ca or not cb:
+        return None
+    return compare_cells(c, ca, cb, n, (_task_em(h, a, n), _task_em(h, b, n)))
 
 
 def build_headline(
-    table: pd.DataFrame, scorer: str = "squad", roles: Mapping[str, str] | None = None
+    table: pd.DataFrame,
+    scorer: str = "squad",
+    roles: Mapping[str, str] | None = None,
+    task_em: Mapping[str, Mapping[str, Mapping[str, float]]] | None = None,
 ) -> dict[str, Any]:
     """THE headline of an evaluation table (eval/metrics: one row per agent and N). `roles`:
-    role -> agent for the comparisons (default_roles when None)."""
+    role -> agent for the comparisons (default_roles when None). `task_em`: per-task scores
+    (`task_scores`), which give the comparisons their paired errors."""
     records = table.to_dict("records")
     cells = [_cell(r) for r in records]
     agents = {c["agent"]: c["memory"] for c in cells}
     roles = default_roles(agents) if roles is None else dict(roles)
-    by = {(c["agent"], c["N"]): c for c in cells}
     ns = sorted({c["N"] for c in cells})
     comparisons = []
+    scores = {"cells": cells, "task_em": task_em or {}}
     for c in COMPARISONS:
         if c.a not in roles or c.b not in roles:
             continue
         for n in ns:
-            a, b = by.get((roles[c.a], n)), by.get((roles[c.b], n))
-            got = compare_cells(c, a, b, n) if a and b else None
+            got = compare_agents(scores, c, roles[c.a], roles[c.b], n)
             if got is not None:
                 comparisons.append(
                     {"comparison": c.name, "label": c.label, "N": n,
@@ -182,7 +255,7 @@ def build_headline(
         "roles": roles,
         "cells": cells,
         "comparisons": comparisons,
-    }
+    } | ({"task_em": {a: dict(by_n) for a, by_n in task_em.items()}} if task_em else {})
 
 
 HEADLINE_FILE = "headline.json"
@@ -206,7 +279,7 @@ def read_headline(eval_dir: str | Path) -> dict[str, Any]:
         )
     table = pd.read_csv(path)
     scorer = str(table["scorer"].iloc[0]) if "scorer" in table and len(table) else "squad"
-    return build_headline(table, scorer)
+    return build_headline(table, scorer, task_em=task_scores(d / "trajectories", table))
 
 
 def cells_table(headline: Mapping[str, Any]) -> pd.DataFrame:

@@ -72,12 +72,13 @@ PEAK_CREDITED = "peak, tasks with EM > 0 (paper)"
 
 def comparison_rows(headline: Mapping[str, Any]) -> list[dict[str, str]]:
     """The paper's comparisons at every N: value ± standard error (an EM difference also on
-    the 0..N scale)."""
+    the 0..N scale, and its paired error where the headline has per-task scores)."""
     return [
         {
             "comparison": c["label"],
             "N": str(c["N"]),
             "value": pm(c["value"], c["se"]),
+            "paired SE": "" if c.get("se_paired") is None else f"{c['se_paired']:.3f}",
             "EM sum difference": (
                 pm(c["value_sum"], c["se_sum"]) if c.get("value_sum") is not None else ""
             ),
@@ -90,7 +91,8 @@ def comparison_rows(headline: Mapping[str, Any]) -> list[dict[str, str]]:
 def scorer_line(headline: Mapping[str, Any]) -> str:
     return (
         f"Scored with `{headline.get('scorer', 'squad')}` (eval.scorer); EM sum = EM fraction × "
-        "N, the paper's scale. Comparisons' errors treat the agents as independent (conservative)."
+        "N, the paper's scale. A comparison's ± treats the agents as independent (conservative); "
+        "its paired SE, over the tasks both played, is the error to test a difference with."
     )
 
 

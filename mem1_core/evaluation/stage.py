@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from mem1_core.evaluation.headline import build_headline, write_headline
+from mem1_core.evaluation.headline import build_headline, task_scores, write_headline
 from mem1_core.evaluation.samples import write_samples
 from mem1_core.evaluation.scaling import Agent, evaluate_scaling, scaling_plots
 from mem1_core.models.model import load_model
@@ -88,7 +88,9 @@ def run_objective_scaling(
     samples = write_samples(
         out, {a.name: a.memory for a in built}, ns, {t.task_id: t.questions for t in every}
     )
-    headline = build_headline(table, cfg.eval.scorer)
+    headline = build_headline(
+        table, cfg.eval.scorer, task_em=task_scores(out / "trajectories", table)
+    )
     big = headline["objectives"][-1]
     result = {
         "headline": headline["cells"],
