@@ -279,3 +279,25 @@ def test_no_paired_error_unless_both_played_the_same_tasks(tmp_path):
     h = build_headline(table, task_em=task_scores(tmp_path, table))
     c = next(c for c in h["comparisons"] if c["comparison"] == "mem1_minus_full_em")
     assert "se_paired" not in c and c["se"] is not None
+
+
+def test_a_headline_written_before_the_paired_error_gains_it_from_its_trajectories(tmp_path):
+    from mem1_core.evaluation.headline import task_scores, write_headline
+    from mem1_core.evaluation.summary import summarize
+
+    (tmp_path / "trajectories").mkdir()
+    rows = []
+    for agent, memory, em in (("mem1-ppo", "mem1", [[1, 1], [1, 0], [0, 0]]),
+                              ("full-ppo", "full", [[1, 0], [0, 0], [0, 0]])):  # fmt: skip
+        trajs = _write_tasks(tmp_path / "trajectories", agent, 2, em)
+        rows.append({"agent": agent, "memory": memory, "n_objectives": 2, **summarize(trajs)})
+    table = pd.DataFrame(rows)
+    table.to_csv(tmp_path / "metrics.csv", index=False)
+    old = build_headline(table, "paper", roles={"mem1": "mem1-ppo", "full": "full-ppo"})
+    write_headline(old, tmp_path)
+    got = read_headline(tmp_path)
+    assert got["scorer"] == "paper" and got["roles"] == old["roles"]
+    assert got["task_em"] == task_scores(tmp_path / "trajectories", table)
+    c = next(c for c in got["comparisons"] if c["comparison"] == "mem1_minus_full_em")
+    assert c["value"] == pytest.approx(0.5 - 1 / 6)
+    assert c["se_paired"] == pytest.approx(statistics.stdev([0.5, 0.5, 0.0]) / math.sqrt(3))

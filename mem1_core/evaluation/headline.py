@@ -267,11 +267,18 @@ def write_headline(headline: Mapping[str, Any], eval_dir: str | Path) -> Path:
 
 def read_headline(eval_dir: str | Path) -> dict[str, Any]:
     """An evaluation directory's headline: its headline.json; for an evaluation written before
-    there was one, computed from its metrics.csv (scored `squad`, the only scorer then)."""
+    there was one, computed from its metrics.csv (scored `squad`, the only scorer then); for
+    one written before `task_em`, recomputed with the per-task scores its trajectories hold
+    (the paired errors), with its own scorer and roles."""
     d = Path(eval_dir)
-    if (d / HEADLINE_FILE).is_file():
-        return json.loads((d / HEADLINE_FILE).read_text())
     path = d / "metrics.csv"
+    if (d / HEADLINE_FILE).is_file():
+        h = json.loads((d / HEADLINE_FILE).read_text())
+        if "task_em" in h or not path.is_file() or not (d / "trajectories").is_dir():
+            return h
+        table = pd.read_csv(path)
+        scores = task_scores(d / "trajectories", table)
+        return build_headline(table, h["scorer"], h.get("roles"), scores) if scores else h
     if not path.is_file():
         raise FileNotFoundError(
             f"{path}: no evaluation table (run the pipeline's evaluation stage, or "
