@@ -70,11 +70,15 @@ def row(part: str, memory: str, n: int, trajs, seconds: float, **extra) -> dict:
 
 
 def paired_gain(base, other) -> dict:
-    """Mean per-task EM-fraction gain of `other` over `base` (same tasks, same order), SE."""
-    d = [o.reward - b.reward for b, o in zip(base, other, strict=True)]
-    mean = sum(d) / len(d)
-    se = (sum((x - mean) ** 2 for x in d) / (len(d) - 1) / len(d)) ** 0.5 if len(d) > 1 else 0.0
-    return {"paired_gain": round(mean, 4), "paired_gain_se": round(se, 4)}
+    """Mean per-task EM-fraction gain of `other` over `base` (the same tasks), and its paired
+    SE (mem1_core.evaluation.headline.paired_se; 0 for a single task)."""
+    from mem1_core.evaluation.headline import paired_se
+
+    a, b = ({t.task_id: t.reward for t in ts} for ts in (other, base))
+    if set(a) != set(b):
+        raise ValueError("paired_gain: the two plays are of different tasks")
+    mean = sum(a[t] - b[t] for t in a) / len(a)
+    return {"paired_gain": round(mean, 4), "paired_gain_se": round(paired_se(a, b) or 0.0, 4)}
 
 
 def emit(record: dict) -> None:
