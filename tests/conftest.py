@@ -176,3 +176,16 @@ def ray_cleanup():
     yield
     if ray.is_initialized():
         ray.shutdown()
+
+
+def load_benchmark(name: str):
+    """benchmarks/<name>.py as a module (the scripts are run by path, not imported as a
+    package), under a name of its own so a test never shares it with another."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -5,24 +5,18 @@ ratio at most 0.3 at N=16, and each figure on another world within 0.1 of world 
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import load_benchmark
 
 from mem1_core.evaluation.headline import build_headline
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "learning.py"
 
 
 @pytest.fixture(scope="module")
 def learning():
-    spec = importlib.util.spec_from_file_location("learning_under_test", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("learning")
 
 
 AGENTS = {"warm-start": "mem1", "mem1-ppo": "mem1", "full-ppo": "full", "mem1-sft": "mem1"}
