@@ -124,11 +124,11 @@ def paired_se(a: Mapping[str, float] | None, b: Mapping[str, float] | None) -> f
     """The standard error of the mean of a[t] − b[t] over tasks t (task id -> score): the
     error of a difference between two agents that played the same tasks. None unless both
     cover the same tasks, at least two of them."""
+    from mem1_core.evaluation.summary import standard_error
+
     if not a or not b or set(a) != set(b) or len(a) < 2:
         return None
-    d = [a[t] - b[t] for t in a]
-    mean = sum(d) / len(d)
-    return math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1) / len(d))
+    return standard_error([a[t] - b[t] for t in a])
 
 
 def task_scores(

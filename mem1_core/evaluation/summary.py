@@ -24,7 +24,7 @@ def summarize(trajs: Sequence[Trajectory], seconds: float | None = None) -> dict
         "tasks": len(trajs),
         "em_sum": sum(t.em_sum for t in trajs) / n,
         "em_frac": sum(t.reward for t in trajs) / n,
-        "em_frac_se": _standard_error([t.reward for t in trajs]),
+        "em_frac_se": standard_error([t.reward for t in trajs]),
         "f1_sum": sum(sum(t.f1) for t in trajs) / n,
         "f1_frac": sum(sum(t.f1) / max(len(t.f1), 1) for t in trajs) / n,
         "answered_rate": sum(t.answer is not None for t in trajs) / n,
@@ -33,7 +33,7 @@ def summarize(trajs: Sequence[Trajectory], seconds: float | None = None) -> dict
         "turns": turns / n,
         "recalls": sum(recall_count(t) for t in trajs) / n,  # 0 but under mem1+recall
         "peak_tokens": sum(t.peak_tokens for t in trajs) / n,
-        "peak_tokens_se": _standard_error([float(t.peak_tokens) for t in trajs]),
+        "peak_tokens_se": standard_error([float(t.peak_tokens) for t in trajs]),
         # MIT-MI/MEM1 inference/eval.py averages peak tokens only over tasks with EM > 0 (its
         # compute_peak_token_* return None otherwise): the paper's figure, kept beside ours
         "peak_tokens_credited": _mean([float(t.peak_tokens) for t in trajs if t.em_sum > 0]),
@@ -52,7 +52,7 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
-def _standard_error(xs: list[float]) -> float:
+def standard_error(xs: list[float]) -> float:
     """The standard error of the mean over tasks (NaN below two tasks: no spread to see)."""
     if len(xs) < 2:
         return float("nan")
