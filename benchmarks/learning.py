@@ -12,7 +12,7 @@ Prints the tables, the issue's goals and the curves, and writes learning.png, le
 
 Run directories are the pipeline's stage names (warm_start, ppo_mem1, ppo_full, sft_mem1,
 eval, world<seed>/eval), so a finished arm is reused and a stopped one resumed by rerunning
-the same command. The PPO arms evaluate greedily every `ppo.eval_every` iterations at the
+the same command; so is an evaluation, at the first agent × N cell it had not finished. The PPO arms evaluate greedily every `ppo.eval_every` iterations at the
 training N and at `--curve-n` (`ppo.eval_objectives`): the held-out curves.
 
 Agents as in the pipeline: `truncate-ppo` is the full-context policy with its context cut to

@@ -6,6 +6,7 @@ trajectory to Parquet, the metrics table to Parquet and CSV, and the plots a rea
 from __future__ import annotations
 
 import json
+import logging
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ import matplotlib
 matplotlib.use("Agg")  # headless: plots are files
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+import pyarrow as pa  # noqa: E402
 
 from mem1_core.evaluation.evaluate import run_eval  # noqa: E402
 from mem1_core.evaluation.headline import build_headline  # noqa: E402
@@ -22,7 +24,9 @@ from mem1_core.evaluation.summary import summarize  # noqa: E402
 from mem1_core.rollout.loop import Task  # noqa: E402
 from mem1_core.runs import atomic  # noqa: E402
 from mem1_core.runs.progress import Progress as StageProgress  # noqa: E402
-from mem1_core.trajectory.record import write_trajectories  # noqa: E402
+from mem1_core.trajectory.record import read_trajectories, write_trajectories  # noqa: E402
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,9 @@ class Agent:
     memory: str
     model: object | None  # a causal LM; None with `backend` (the scripted teacher)
     backend: object | None = None
+    source: str = ""
+    """What the agent plays from (its weights' identity; the teacher's settings): an
+    evaluation resumed with `key` reuses a cell only when this is unchanged."""
 
 
 def evaluate_scaling(
@@ -44,30 +51,53 @@ def evaluate_scaling(
     out_dir: str | Path,
     progress: bool = True,
     scorer: str = "squad",
+    key: str | None = None,
 ) -> pd.DataFrame:
     """Every agent on every N, answers scored by `scorer`; writes
-    trajectories/<agent>_n<N>.parquet and metrics.{parquet,csv}."""
+    trajectories/<agent>_n<N>.parquet and metrics.{parquet,csv}.
+
+    With `key` (what else decides the play: the settings, the world), each finished cell also
+    writes trajectories/<agent>_n<N>.cell.json, and a rerun into the same `out_dir` reuses a
+    cell whose record matches (key, the agent's source and memory, the scorer, the same tasks
+    in the same order) instead of playing it again: an interrupted evaluation resumes at the
+    cell it stopped in. Anything else is played afresh and overwritten."""
     out = Path(out_dir)
     rows = []
     total = len(agents) * sum(len(t) for t in tasks_by_n.values())
     watch = StageProgress("evaluation", total=total, unit="task")
+    reused = []
     for agent in agents:
         for n, tasks in sorted(tasks_by_n.items()):
             if not tasks:
                 continue
-            watch.update(watch.done, agent=agent.name, N=n)
-            trajs, seconds = run_eval(
-                agent.model,
-                tokenizer,
-                env,
-                tasks,
-                rollout_cfg,
-                memory=agent.memory,
-                backend=agent.backend,
-                progress=progress,
-                scorer=scorer,
-            )
-            write_trajectories(trajs, out / "trajectories" / f"{agent.name}_n{n}.parquet")
+            traj_path = out / "trajectories" / f"{agent.name}_n{n}.parquet"
+            record = {
+                "key": key,
+                "source": agent.source,
+                "memory": agent.memory,
+                "scorer": scorer,
+                "task_ids": [t.task_id for t in tasks],
+            }
+            done = _finished_cell(traj_path, record) if key is not None else None
+            if done is not None:
+                trajs, seconds = done
+                reused.append(f"{agent.name} N={n}")
+            else:
+                watch.update(watch.done, agent=agent.name, N=n)
+                trajs, seconds = run_eval(
+                    agent.model,
+                    tokenizer,
+                    env,
+                    tasks,
+                    rollout_cfg,
+                    memory=agent.memory,
+                    backend=agent.backend,
+                    progress=progress,
+                    scorer=scorer,
+                )
+                write_trajectories(trajs, traj_path)
+                if key is not None:
+                    atomic.write_json({**record, "seconds": seconds}, _cell_path(traj_path))
             rows.append(
                 {
                     "agent": agent.name,
@@ -81,14 +111,39 @@ def evaluate_scaling(
                 watch.done + len(tasks), agent=agent.name, N=n, em=round(rows[-1]["em_frac"], 3)
             )
     watch.close()
+    if reused:
+        log.info(
+            "evaluation resumed: reused %d finished cells (%s)", len(reused), ", ".join(reused)
+        )
     table = pd.DataFrame(rows)
     write_table(table, out / "metrics")
     return table
 
 
-def write_table(table: pd.DataFrame, stem: Path) -> None:
-    import pyarrow as pa
+def _cell_path(traj_path: Path) -> Path:
+    return traj_path.with_name(traj_path.name.removesuffix(".parquet") + ".cell.json")
 
+
+def _finished_cell(traj_path: Path, record: dict) -> tuple[list, float] | None:
+    """A cell an earlier run of the same evaluation finished: its trajectories and wall
+    seconds, or None when there is none or it was played by anything else (another key,
+    agent source, memory, scorer or task list) or its files do not read back whole."""
+    cell = _cell_path(traj_path)
+    if not (cell.is_file() and traj_path.is_file()):
+        return None
+    try:
+        saved = json.loads(cell.read_text())
+        trajs = read_trajectories(traj_path)
+    except (OSError, ValueError, pa.ArrowException):
+        return None
+    if {k: saved.get(k) for k in record} != record:
+        return None
+    if [t.task_id for t in trajs] != record["task_ids"]:
+        return None
+    return trajs, float(saved["seconds"])
+
+
+def write_table(table: pd.DataFrame, stem: Path) -> None:
     atomic.write_parquet(
         pa.Table.from_pandas(table, preserve_index=False), stem.with_suffix(".parquet")
     )

@@ -3,6 +3,8 @@ write the table, the plots and the headline (eval/headline.json)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from pathlib import Path
 
@@ -41,6 +43,18 @@ def trained_agents(run_dir: str | Path) -> list[tuple[str, str, str]]:
     return found
 
 
+def policy_source(path: str | Path) -> str:
+    """A saved policy's identity for resuming an evaluation: its directory and each file's
+    size and modification time (a policy saved again there is another policy); a hub name
+    as it is."""
+    p = Path(path)
+    if not p.is_dir():
+        return str(path)
+    files = sorted(f for f in p.rglob("*") if f.is_file())
+    stamp = [(f.relative_to(p).as_posix(), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    return f"{p.resolve()} {hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:16]}"
+
+
 def run_objective_scaling(
     cfg,
     run_dir: str | Path,
@@ -52,9 +66,12 @@ def run_objective_scaling(
     progress: bool = True,
 ) -> dict:
     """agents: (name, policy_dir, memory policy). Writes `out_dir`'s trajectories, metrics,
-    plots, headline.json and samples/<agent>.md (mem1_core.evaluation.samples); returns the headline's cells (`headline`) and comparisons, and
-    the paths. `teacher` adds the scripted teacher's rows where it can play the tasks (the
-    world's). (`ratios`, the comparisons at the largest N, goes in the next release.)"""
+    plots, headline.json and samples/<agent>.md (mem1_core.evaluation.samples); returns the
+    headline's cells (`headline`) and comparisons, and the paths. `teacher` adds the scripted
+    teacher's rows where it can play the tasks (the world's). (`ratios`, the comparisons at
+    the largest N, goes in the next release.) A rerun into the same `out_dir` resumes: cells
+    already played by the same policies under the same configuration are read back, not
+    played again (evaluate_scaling's `key`)."""
     # Every agent reads with its own tokenizer: the run adopts theirs (all must agree).
     for _name, path, _memory in agents:
         adopt_init_tokenizer(cfg, RunPaths(Path(run_dir).resolve()), Path(path))
@@ -63,7 +80,10 @@ def run_objective_scaling(
     env = make_env(cfg, paths, tok)
     ns = objectives or cfg.data.eval_objectives
     tasks_by_n = {n: load_tasks(cfg, paths, "test", n)[: cfg.data.eval_tasks(n)] for n in ns}
-    built = [Agent(name, memory, load_model(path, cfg.model, tok)) for name, path, memory in agents]
+    built = [
+        Agent(name, memory, load_model(path, cfg.model, tok), source=policy_source(path))
+        for name, path, memory in agents
+    ]
     every = [t for ts in tasks_by_n.values() for t in ts]
     if teacher and not can_play(every):
         if not built:
@@ -79,11 +99,15 @@ def run_objective_scaling(
         # in the state format the run's teacher taught, without its lapses
         for name, memory in (("teacher", "mem1"), ("teacher-full", "full")):
             player = ScriptedTeacher.from_config(tok, every, cfg.teacher, lapses=False)
-            built.append(Agent(name, memory, None, player))
+            built.append(Agent(name, memory, None, player, source="scripted teacher"))
     out = Path(out_dir)
+    # a rerun into the same directory resumes at the first cell not yet played under this
+    # configuration (the teacher's settings, world and rollout budgets are all in it)
+    key = hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode())
     table = evaluate_scaling(
-        built, tok, env, tasks_by_n, cfg.rollout, out, progress=progress, scorer=cfg.eval.scorer
-    )
+        built, tok, env, tasks_by_n, cfg.rollout, out,
+        progress=progress, scorer=cfg.eval.scorer, key=key.hexdigest(),
+    )  # fmt: skip
     plots = scaling_plots(table, out)
     samples = write_samples(
         out, {a.name: a.memory for a in built}, ns, {t.task_id: t.questions for t in every}
