@@ -81,9 +81,11 @@ def trajs(policy, small_tokenizer, small_index, small_tasks):
     return out
 
 
-def fresh(policy, critic: bool = True, head_seed: int | None = 1) -> Models:
+def fresh(
+    policy, critic: bool = True, head_seed: int | None = 1, critic_layers: int | None = None
+) -> Models:
     p = copy.deepcopy(policy)
-    c = Critic.from_policy(policy) if critic else None
+    c = Critic.from_policy(policy, critic_layers) if critic else None
     if c is not None and head_seed is not None:  # a non-zero head: values vary per token
         torch.manual_seed(head_seed)
         torch.nn.init.normal_(c.value_head.weight, std=0.5)
@@ -133,8 +135,11 @@ def test_old_logprobs_over_the_tree_equal_each_turn_rerun(policy, trajs, small_t
             torch.testing.assert_close(got, recorded, atol=1e-5, rtol=0)
 
 
-def test_critic_value_is_that_of_the_context_before_each_token(policy, trajs, small_tokenizer):
-    critic = fresh(policy).critic
+@pytest.mark.parametrize("critic_layers", [None, 1])
+def test_critic_value_is_that_of_the_context_before_each_token(
+    policy, trajs, small_tokenizer, critic_layers
+):
+    critic = fresh(policy, critic_layers=critic_layers).critic
     rb = make_rollout_batch(trajs[:2], small_tokenizer.pad_token_id)
     values = critic(rb.batch, ATTN)
     for r, traj in enumerate(trajs[:2]):
@@ -148,6 +153,44 @@ def test_critic_value_is_that_of_the_context_before_each_token(policy, trajs, sm
                     h = critic.backbone(input_ids=ids).last_hidden_state[0, -1]
                     expected = critic.value_head(h).squeeze()
                 torch.testing.assert_close(got[o], expected, atol=1e-5, rtol=0)
+
+
+def test_a_shallow_critic_is_the_policys_first_layers(policy, trajs, tmp_path):
+    """ppo.critic_layers=1 of a 2-layer policy: the critic's hidden state is the policy's
+    after its first layer (through the final norm); the policy keeps both; the critic saves
+    and loads as a 1-layer model; a count the policy has not, or a saved critic of another
+    depth, is an error."""
+    from mem1_core.rl.critic import check_critic_layers
+
+    critic = Critic.from_policy(policy, 1)
+    decoder = policy.get_decoder()
+    assert len(decoder.layers) == policy.config.num_hidden_layers == 2  # the policy untouched
+    assert len(critic.backbone.layers) == critic.backbone.config.num_hidden_layers == 1
+    ids = torch.tensor([trajs[0].context_ids(0) + trajs[0].turns[0].gen_ids])
+    with torch.no_grad():
+        after_first = decoder(input_ids=ids, output_hidden_states=True).hidden_states[1]
+        got = critic.backbone(input_ids=ids).last_hidden_state
+        torch.testing.assert_close(got, decoder.norm(after_first), atol=1e-6, rtol=0)
+        # its own weights: training the critic leaves the policy's first layer as it was
+        critic.backbone.layers[0].mlp.down_proj.weight.add_(1.0)
+        assert not torch.equal(
+            critic.backbone.layers[0].mlp.down_proj.weight, decoder.layers[0].mlp.down_proj.weight
+        )
+    loaded = Critic.load(critic.save(tmp_path / "critic"))
+    assert len(loaded.backbone.layers) == 1
+    with torch.no_grad():
+        torch.testing.assert_close(
+            loaded.backbone(input_ids=ids).last_hidden_state,
+            critic.backbone(input_ids=ids).last_hidden_state,
+        )
+    check_critic_layers(loaded, 1, tmp_path)
+    check_critic_layers(loaded, None, tmp_path)  # a saved critic continues as it is
+    with pytest.raises(ValueError, match="holds a critic of 1 layers but ppo.critic_layers=2"):
+        check_critic_layers(loaded, 2, tmp_path)
+    with pytest.raises(ValueError, match="the policy has 2 decoder layers"):
+        Critic.from_policy(policy, 3)
+    with pytest.raises(ValueError, match="keep at least 1"):
+        PPOConfig(critic_layers=0)
 
 
 def test_update_with_zero_lr_changes_nothing(policy, trajs, small_tokenizer):

@@ -112,6 +112,11 @@ class PPOConfig(Section):
     shrink the warm start)."""
     critic_lr: float = 1e-4
     """AdamW learning rate of the critic (`gae` only)."""
+    critic_layers: int | None = None
+    """The critic's transformer: a copy of the initial policy's first this many decoder layers
+    under its value head (`gae` only; verl lets a critic be another, smaller model). None:
+    all of them (verl's and OpenRLHF's default). Fewer make the critic's forward and backward
+    cheaper in proportion; with gamma = lam = 1 it is only the per-token baseline."""
     ppo_epochs: int = 2
     """Passes over an iteration's trajectories, each in shuffled minibatches."""
     minibatch_size: int = 16
@@ -206,6 +211,11 @@ class PPOConfig(Section):
             raise ValueError("ppo.minibatch_size must be a multiple of ppo.micro_batch_size")
         if any(n < 1 for n in self.eval_objectives):
             raise ValueError("ppo.eval_objectives: objective counts must be >= 1")
+        if self.critic_layers is not None and self.critic_layers < 1:
+            raise ValueError(
+                f"ppo.critic_layers={self.critic_layers}: keep at least 1 of the policy's "
+                "layers, or null for all"
+            )
         self._check_toolbox()
 
     def _check_toolbox(self) -> None:

@@ -43,9 +43,30 @@ class Critic(nn.Module):
         nn.init.zeros_(self.value_head.bias)
 
     @classmethod
-    def from_policy(cls, policy: PreTrainedModel) -> Critic:
-        """A critic whose transformer is a copy of the policy's (its own weights)."""
-        return cls(copy.deepcopy(policy.get_decoder()))
+    def from_policy(cls, policy: PreTrainedModel, layers: int | None = None) -> Critic:
+        """A critic whose transformer is a copy of the policy's (its own weights); with
+        `layers`, of only its first `layers` decoder layers (`ppo.critic_layers`): a cheaper
+        baseline, read from the trunk's middle where the policy reads its last layer."""
+        decoder = policy.get_decoder()
+        if layers is None:
+            return cls(copy.deepcopy(decoder))
+        total = len(decoder.layers)
+        if not 1 <= layers <= total:
+            raise ValueError(
+                f"ppo.critic_layers={layers}: the policy has {total} decoder layers; use 1 to "
+                f"{total}, or null for all"
+            )
+        every = decoder.layers
+        decoder.layers = nn.ModuleList()  # copy the rest, then only the layers kept
+        try:
+            backbone = copy.deepcopy(decoder)
+        finally:
+            decoder.layers = every
+        backbone.layers = copy.deepcopy(every[:layers])
+        backbone.config.num_hidden_layers = layers
+        if getattr(backbone.config, "layer_types", None) is not None:
+            backbone.config.layer_types = list(backbone.config.layer_types[:layers])
+        return cls(backbone)
 
     def forward(
         self, batch: FlatBatch, attn: Attn | str | None = None, *, mask: object | None = None
@@ -82,3 +103,13 @@ class Critic(nn.Module):
         critic = cls(backbone.eval())
         critic.value_head.load_state_dict(load_file(str(path / VALUE_HEAD_FILE)))
         return critic.eval()
+
+
+def check_critic_layers(critic: Critic, layers: int | None, where: Path) -> None:
+    """A saved critic continues only as the run asks for it (`ppo.critic_layers`)."""
+    have = len(critic.backbone.layers)
+    if layers is not None and have != layers:
+        raise ValueError(
+            f"{where} holds a critic of {have} layers but ppo.critic_layers={layers}: set "
+            f"ppo.critic_layers={have}, or start the critic afresh from a policy without one"
+        )

@@ -24,7 +24,7 @@ from mem1_core.config import Config
 from mem1_core.models.model import enable_gradient_checkpointing, master_weights
 from mem1_core.models.policy import ensure_tokenizer, load_policy
 from mem1_core.rl.batch import Models
-from mem1_core.rl.critic import VALUE_HEAD_FILE, Critic
+from mem1_core.rl.critic import VALUE_HEAD_FILE, Critic, check_critic_layers
 from mem1_core.rl.estimators import get_estimator
 from mem1_core.rl.kl_control import KL_CONTROLLERS
 from mem1_core.rl.passes import LOCAL, NonFiniteGuard, Split, UpdateSettings
@@ -106,8 +106,9 @@ class Learner:
             saved = self.init.parent / "critic" if self.init is not None else None
             if saved is not None and (saved / VALUE_HEAD_FILE).is_file():
                 critic = Critic.load(saved, cfg.model.dtype, cfg.model.attn)
+                check_critic_layers(critic, cfg.ppo.critic_layers, saved)
             else:
-                critic = Critic.from_policy(policy)
+                critic = Critic.from_policy(policy, cfg.ppo.critic_layers)
             critic = critic.to(device).eval()
         self.models = self._place(policy, reference, critic)
         # weight_decay=0: PPO's small steps should not also shrink the warm start.
