@@ -21,7 +21,9 @@ warm-up): `fp32`, `bf16_autocast`, and `--lora` (peft, rank 16 on every projecti
 autocast). FLOPs by torch's FlopCounterMode; the fraction of the float32 matmul peak (and of
 the bf16 one) that a step reaches.
 PPO (`--ppo-tasks`, the profile's settings, in process from the untrained model unless
-`--init`): one iteration's rollout, learner passes and update seconds.
+`--init`): one iteration's rollout, learner passes and update seconds, for each of
+`--ppo-estimators` (by default GAE with the full critic, GAE with a critic of the policy's
+first 8 layers, and REINFORCE++ without one); `--ppo-only` times only these.
 
 Prints one JSON line per measurement and a summary line.
 """
@@ -208,11 +210,13 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def ppo_iteration(tasks: int, init: str | None, estimator: str) -> dict:
-    """One PPO iteration of the smol profile with `estimator` (gae: with a critic), in process."""
+def ppo_iteration(tasks: int, init: str | None, variant: str) -> dict:
+    """One PPO iteration of the smol profile, in process: `variant` is an estimator (gae: with
+    a critic) and any settings after it, `+`-separated (`gae+ppo.critic_layers=8`)."""
     from mem1_core.config import load_config
     from mem1_core.training.train_rl import train_rl
 
+    estimator, *settings = variant.split("+")
     cfg = load_config(
         "smol",
         overrides=[
@@ -222,6 +226,7 @@ def ppo_iteration(tasks: int, init: str | None, estimator: str) -> dict:
             f"ppo.minibatch_size={tasks}",
             "data.eval_objectives=[2]",
             "data.max_eval_tasks=1",
+            *settings,
         ],
     )
     out = Path(tempfile.mkdtemp(prefix="mem1-smol-ppo-")) / "ppo"
@@ -230,7 +235,7 @@ def ppo_iteration(tasks: int, init: str | None, estimator: str) -> dict:
     total = time.perf_counter() - t0
     row = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     keys = [k for k in row if k.endswith("seconds") or k in ("gen_tokens", "train/tree_tokens")]
-    return {"ppo": estimator, "ppo_tasks": tasks, "ppo_call_seconds": round(total, 1)} | {
+    return {"ppo": variant, "ppo_tasks": tasks, "ppo_call_seconds": round(total, 1)} | {
         k: round(row[k], 2) for k in keys if isinstance(row[k], (int, float))
     }
 
@@ -250,11 +255,18 @@ def main() -> None:
     ap.add_argument("--init", default=None, help="the PPO iteration's policy (a warm start)")
     ap.add_argument(
         "--ppo-estimators",
-        default="gae,reinforce_plus_plus",
-        help="advantage estimators to time (gae trains a critic; the others do not)",
+        default="gae,gae+ppo.critic_layers=8,reinforce_plus_plus",
+        help="advantage estimators to time (gae trains a critic; the others do not), each "
+        "with settings after a + (gae+ppo.critic_layers=8: a critic of the first 8 layers)",
+    )
+    ap.add_argument(
+        "--ppo-only", action="store_true", help="only the PPO iterations (no generation, step)"
     )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.ppo_only:
+        emit({"summary": {"threads": args.threads, "ppo": ppo_iterations(args)}})
+        return
 
     from mem1_core.config import ModelConfig
     from mem1_core.models.model import load_model
@@ -307,11 +319,15 @@ def main() -> None:
         ),
     }
     if args.ppo_tasks:
-        summary["ppo"] = [
-            emit(ppo_iteration(args.ppo_tasks, args.init, e))
-            for e in args.ppo_estimators.split(",")
-        ]
+        summary["ppo"] = ppo_iterations(args)
     emit({"summary": summary | {"ratios": ratios}})
+
+
+def ppo_iterations(args) -> list[dict]:
+    """One iteration of each `--ppo-estimators` variant, one after the other (printed)."""
+    return [
+        emit(ppo_iteration(args.ppo_tasks, args.init, v)) for v in args.ppo_estimators.split(",")
+    ]
 
 
 if __name__ == "__main__":
