@@ -86,15 +86,19 @@ def test_a_rerun_reuses_finished_cells_and_plays_the_rest(setting, played, tmp_p
     assert played == []
     assert again.to_dict("records") == fresh.to_dict("records")
 
-    # interrupted: one cell never written, one torn mid-write, one record without its file
+    # interrupted: one cell never written, one torn mid-write, one without its record, one
+    # record without the fields a finished cell writes
     traj = tmp_path / "fresh" / "trajectories"
     (traj / "lapsing_n2.parquet").unlink()
     (traj / "lapsing_n1.parquet").write_bytes(b"PAR1 torn")
     (traj / "faithful_n2.cell.json").unlink()
+    short = json.loads((traj / "faithful_n1.cell.json").read_text())
+    del short["seconds"]
+    (traj / "faithful_n1.cell.json").write_text(json.dumps(short))
     resumed = evaluate_scaling(
         _named(agents()), tok, env, tasks_by_n, CFG, tmp_path / "fresh", False, key="k"
     )
-    assert played == [("faithful", 2), ("lapsing", 1), ("lapsing", 2)]
+    assert played == [("faithful", 1), ("faithful", 2), ("lapsing", 1), ("lapsing", 2)]
     assert _timeless(resumed) == _timeless(fresh)
     record = json.loads((traj / "lapsing_n2.cell.json").read_text())
     assert record["task_ids"] == [t.task_id for t in tasks_by_n[2]] and record["key"] == "k"

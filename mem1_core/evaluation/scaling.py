@@ -133,14 +133,15 @@ def _finished_cell(traj_path: Path, record: dict) -> tuple[list, float] | None:
         return None
     try:
         saved = json.loads(cell.read_text())
+        seconds = float(saved["seconds"])
         trajs = read_trajectories(traj_path)
-    except (OSError, ValueError, pa.ArrowException):
+    except (OSError, ValueError, TypeError, KeyError, pa.ArrowException):
         return None
     if {k: saved.get(k) for k in record} != record:
         return None
     if [t.task_id for t in trajs] != record["task_ids"]:
         return None
-    return trajs, float(saved["seconds"])
+    return trajs, seconds
 
 
 def write_table(table: pd.DataFrame, stem: Path) -> None:
