@@ -51,7 +51,11 @@ def policy_source(path: str | Path) -> str:
     if not p.is_dir():
         return str(path)
     files = sorted(f for f in p.rglob("*") if f.is_file())
-    stamp = [(f.relative_to(p).as_posix(), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    stamp = [
+        (f.relative_to(p).as_posix(), st.st_size, st.st_mtime_ns)
+        for f in files
+        for st in (f.stat(),)
+    ]
     return f"{p.resolve()} {hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:16]}"
 
 
