@@ -34,13 +34,15 @@ ARMS = ("mem1-ppo", "full-ppo", "mem1-sft")
 EXPERIMENT = {
     "smol": (
         "ppo.iterations=16", "ppo.actor_lr=1e-5", "ppo.critic_lr=5e-5", "ppo.minibatch_size=8",
-        "sft.steps=64",
+        "ppo.critic_layers=null", "sft.steps=64",
     ),
 }  # fmt: skip
 """The experiment's settings per profile, over the profile's own (which size the pipeline's
 `./dev train-eval` run, a check of every stage): SmolLM2's PPO arms get 16 iterations of 16
 tasks at actor lr 1e-5 (2 optimiser steps each; the profile's 2e-6 over 4 iterations moves
-nothing measurable), and the SFT arm 64 steps of 4 trajectories, the PPO arms' 256."""
+nothing measurable) with the full critic (the README's tables were trained with it, before the
+profile took an 8-layer one; `--set ppo.critic_layers=8` for that), and the SFT arm 64 steps
+of 4 trajectories, the PPO arms' 256."""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,7 +23,7 @@ the bf16 one) that a step reaches.
 PPO (`--ppo-tasks`, the profile's settings, in process from the untrained model unless
 `--init`): one iteration's rollout, learner passes and update seconds, for each of
 `--ppo-estimators` (by default GAE with the full critic, GAE with a critic of the policy's
-first 8 layers, and REINFORCE++ without one); `--ppo-only` times only these.
+first 8 layers (the profile's), and REINFORCE++ without one); `--ppo-only` times only these.
 
 Prints one JSON line per measurement and a summary line.
 """
@@ -255,9 +255,10 @@ def main() -> None:
     ap.add_argument("--init", default=None, help="the PPO iteration's policy (a warm start)")
     ap.add_argument(
         "--ppo-estimators",
-        default="gae,gae+ppo.critic_layers=8,reinforce_plus_plus",
+        default="gae+ppo.critic_layers=null,gae+ppo.critic_layers=8,reinforce_plus_plus",
         help="advantage estimators to time (gae trains a critic; the others do not), each "
-        "with settings after a + (gae+ppo.critic_layers=8: a critic of the first 8 layers)",
+        "with settings after a + (gae+ppo.critic_layers=8: a critic of the first 8 layers, "
+        "the profile's; =null: of all 30)",
     )
     ap.add_argument(
         "--ppo-only", action="store_true", help="only the PPO iterations (no generation, step)"

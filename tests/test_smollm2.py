@@ -312,6 +312,8 @@ def test_one_ppo_iteration_on_two_tasks_flags_no_signal(smol_dir, tmp_path, capl
     assert "no learning signal" in caplog.text
     ckpt = Path(result["checkpoint"])
     assert (ckpt / "optimizer.pt").is_file() and (ckpt / "policy/model.safetensors").is_file()
+    critic = json.loads((ckpt / "critic/config.json").read_text())
+    assert cfg.ppo.critic_layers == 8 and critic["num_hidden_layers"] == 8  # the profile's
 
 
 def test_reward_signal_against_its_definition() -> None:
