@@ -50,12 +50,10 @@ def policy_source(path: str | Path) -> str:
     p = Path(path)
     if not p.is_dir():
         return str(path)
-    files = sorted(f for f in p.rglob("*") if f.is_file())
-    stamp = [
-        (f.relative_to(p).as_posix(), st.st_size, st.st_mtime_ns)
-        for f in files
-        for st in (f.stat(),)
-    ]
+    stamp = []
+    for f in sorted(f for f in p.rglob("*") if f.is_file()):
+        st = f.stat()
+        stamp.append((f.relative_to(p).as_posix(), st.st_size, st.st_mtime_ns))
     return f"{p.resolve()} {hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:16]}"
 
 
