@@ -442,3 +442,24 @@ def test_learning_rate_schedule():
     assert lr_at(0.05, 0.1, 1.0) == pytest.approx(0.5)
     assert lr_at(0.1, 0.1, 1.0) == pytest.approx(1.0)
     assert lr_at(1.0, 0.1, 1.0) == pytest.approx(0.1)
+
+
+def test_a_repeated_n_weights_the_warm_start_data(tmp_path, monkeypatch, capsys):
+    """`sft.warm_start_objectives=[1,1,2]`: the teacher's N=1 trajectories are two thirds of the
+    warm start's data (issue 27's format-first start, `[1,1,1,2]`), counted in what it trained
+    on, and an N given once is an even split."""
+    import json
+
+    from mem1_core.cli.main import main
+    from mem1_core.trajectory.record import read_trajectories
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    for ns, want in (("[1,1,2]", {1: 8, 2: 4}), ("[1,2]", {1: 6, 2: 6})):
+        out = tmp_path / ns.strip("[]").replace(",", "")
+        argv = ["train", "sft", "--warm-start", "--profile", "smoke", "--out", str(out)]
+        sets = [f"sft.warm_start_objectives={ns}", "sft.warm_start_steps=1", "sft.n_teacher_tasks=12", "sft.eval_tasks=0"]  # fmt: skip
+        assert main([*argv, *(a for s in sets for a in ("--set", s))]) == 0
+        assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"] == 1
+        taught = read_trajectories(out / "teacher_trajectories.parquet")
+        counts = {n: sum(t.n_objectives == n for t in taught) for n in (1, 2)}
+        assert counts == want, ns
