@@ -26,7 +26,7 @@ class SFTConfig(Section):
     answers of several questions: from N=1 alone the tiny model does not generalise to N=2,
     measured 1/32 tasks at N=2, so PPO would start with no reward at all; nor does SmolLM2,
     which then answers only the first question and whose PPO samples never find the `;`,
-    README, "A real LLM"). An N given k times gets k shares of the `n_teacher_tasks`:
+    README, "With a real LLM"). An N given k times gets k shares of the `n_teacher_tasks`:
     (1, 1, 1, 2) is three N=1 trajectories to each N=2."""
     warm_start_minutes: float = 20.0
     """Cap on the warm start's training minutes: it stops a run far slower than planned, with a
