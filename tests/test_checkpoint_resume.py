@@ -195,6 +195,30 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, int, bytes]]:
     }
 
 
+HOLD_AFTER_ITERATION_2 = """
+import sys, time
+from pathlib import Path
+
+from mem1_core.cli.main import main
+from mem1_core.training import train_rl
+
+logged = train_rl.MetricsSink.log
+
+
+def log_then_hold(self, record):
+    logged(self, record)
+    if record["iteration"] == 2:
+        Path(sys.argv[1]).touch()
+        time.sleep(3600)
+
+
+train_rl.MetricsSink.log = log_then_hold
+sys.exit(main(sys.argv[2:]))
+"""
+"""The real `mem1 train ppo`, held (until the test's SIGKILL) right after iteration 2's
+record is written: argv is the flag file it then creates, then the CLI's arguments."""
+
+
 OVERLAP = ("--set", "ppo.overlap_rollouts=true", "--set", "ppo.rollout_is=token")
 """Overlapped rollouts (issue 17): the killed run's rollout in flight is in no file, and the
 resumed run redoes it with the checkpoint's weights."""
@@ -210,25 +234,25 @@ def test_sigkill_then_resume_loses_and_duplicates_no_iteration(tmp_path, monkeyp
     out = tmp_path / "run"
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     mode = OVERLAP if overlap else ()
+    held = tmp_path / "held"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mem1_core.cli.main", *_command(out, *mode)],
+        [sys.executable, "-c", HOLD_AFTER_ITERATION_2, str(held), *_command(out, *mode)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    # Checkpoints come after iterations 1 and 3. Kill once iteration 2's trajectories are
-    # written: the run is then inside iteration 3, past the iteration-2 checkpoint, and has
-    # output newer than it, which the resume must drop and redo.
-    targets = [
-        out / "checkpoints" / "iter_000002" / "state.json",
-        out / "trajectories" / "iter_000002.parquet",
-    ]
+    # Checkpoints come after iterations 1 and 3. Kill once iteration 2 is written (its
+    # trajectories and its metrics row): the run is then past the iteration-2 checkpoint with
+    # output newer than it, which the resume must drop and redo. The child holds there, so
+    # the kill lands at that point however busy the machine (polling for the files instead
+    # let a loaded machine's run reach its final checkpoint before the kill).
     deadline = time.monotonic() + 600
-    while not all(t.exists() for t in targets):
+    while not held.exists():
         if proc.poll() is not None:
             pytest.fail(f"training exited early ({proc.returncode}): {proc.stderr.read()[-2000:]}")
-        assert time.monotonic() < deadline, "no iteration-2 checkpoint within 10 minutes"
+        assert time.monotonic() < deadline, "iteration 2 not written within 10 minutes"
         time.sleep(0.05)
+    assert (out / "checkpoints" / "iter_000002" / "state.json").is_file()
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     proc.stderr.close()
