@@ -14,7 +14,7 @@ from conftest import MALFORMED_TURNS
 from mem1_core.config import ModelConfig, RolloutConfig
 from mem1_core.models.model import build_tiny_model
 from mem1_core.rollout.env import QAEnvironment
-from mem1_core.rollout.generation import HFBackend
+from mem1_core.rollout.generation import HFBackend, PrefixCache, SamplingParams
 from mem1_core.rollout.loop import rollout
 from mem1_core.trajectory.logprobs import per_turn_logprobs, token_logprobs
 from mem1_core.trajectory.record import (
@@ -248,3 +248,35 @@ def test_cli_rollout_of_the_untrained_model_writes_trajectories(tmp_path, capsys
     trajs = read_trajectories(out)
     assert report["tasks"] == len(trajs) == 3 and all(t.done for t in trajs)
     assert all(t.n_objectives == 2 for t in trajs)
+
+
+def test_prompt_kv_reused_across_calls_equals_the_whole_context(model, env, small_tasks):
+    """HFBackend with a PrefixCache against the definition, the same backend running each
+    whole context in one forward: same greedy ids and log-probs. Prefixes of unequal length
+    in one batch, a context that is its prefix and one token, none (0), and a second call
+    that takes every prefix from the cache."""
+    tok = env.tok
+    backend = HFBackend(model, tok.pad_token_id, tok.eos_token_id, max_batch=3)
+    prompts = [env.encode_prompt(t.prompt) for t in small_tasks[:3]]
+    assert len({len(p) for p in prompts}) > 1
+    tail = env.encode(" <IS> </IS> <info> Doc </info>")
+    contexts = [prompts[0] + tail, prompts[1] + tail[:3], prompts[2][:1] + tail, prompts[0]]
+    lens = [len(prompts[0]), len(prompts[1]), 0, len(prompts[0])]
+    params = SamplingParams(8, env.stop_ids, temperature=0.0)
+    whole = backend.generate(contexts, params)
+    store = PrefixCache()
+    first = tuple(prompts[0][:-1])
+    for _ in range(2):  # the first call fills the cache, the second reads it
+        got = backend.generate(contexts, params, None, lens, store)
+        # two prompts (one key whether it ends its context or opens it); a length 0 keeps none
+        assert len(store) == 2
+        for w, g in zip(whole, got, strict=True):
+            assert g.ids == w.ids and g.finish == w.finish
+            torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs))
+    # a cache with room for one prompt keeps the first and runs the other context whole
+    small = PrefixCache(max_bytes=sum(k.nbytes + v.nbytes for k, v in store.kv[first]))
+    got = backend.generate(contexts, params, None, lens, small)
+    assert list(small.kv) == [first] and small.full
+    assert [g.ids for g in got] == [w.ids for w in whole]
+    with pytest.raises(ValueError, match="one length per context"):
+        backend.generate(contexts, params, None, lens[:2], store)

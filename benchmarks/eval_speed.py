@@ -1,0 +1,94 @@
+"""The evaluation's rollout with and without reusing each task prompt's keys and values across
+its turns (mem1_core.rollout.generation.PrefixCache), side by side in one process: greedy,
+the same tasks, each memory × N cell played both ways one after the other (compare the
+ratios: these machines are noisy).
+
+    python benchmarks/eval_speed.py --run RUN --policy RUN/warm_start/policy \\
+        [--profile smol] [--threads 2] [--cells mem1:2:16 mem1:8:4 full:8:4]
+
+RUN is a run directory with its assets (world, index, tasks: a warm start's has them), and a
+cell is memory:N:tasks from the test split. For each cell it prints one JSON line: both wall
+times, their ratio, the tokens each prefill ran (the model's forward over more than one
+token), and how many trajectories came out with the same generated ids both ways and with
+the same EM (under bf16 autocast a context computed in two pieces rounds differently from
+one computed whole, so a greedy turn can flip where two tokens are nearly tied).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", required=True, help="a run directory with its assets")
+    ap.add_argument("--policy", required=True, help="the policy to evaluate")
+    ap.add_argument("--profile", default="smol")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cells", nargs="+", default=["mem1:2:16", "mem1:8:4", "full:8:4"])
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from mem1_core.config import load_config
+    from mem1_core.evaluation.evaluate import run_eval
+    from mem1_core.models.model import load_model
+    from mem1_core.models.policy import ensure_tokenizer
+    from mem1_core.rollout.env import make_env
+    from mem1_core.rollout.generation import HFBackend
+    from mem1_core.rollout.inputs import load_tasks, prepare
+
+    cfg = load_config(args.profile, None, [])
+    paths = prepare(cfg, args.run)
+    tok = ensure_tokenizer(cfg, paths)
+    env = make_env(cfg, paths, tok)
+    model = load_model(args.policy, cfg.model, tok)
+    prefill = {"tokens": 0}
+    forward = model.forward
+
+    def counted(*a, **kw):
+        if kw["input_ids"].shape[1] > 1:
+            prefill["tokens"] += kw["input_ids"].numel()
+        return forward(*a, **kw)
+
+    model.forward = counted
+    totals = {"whole": 0.0, "reused": 0.0}
+    for cell in args.cells:
+        memory, n, k = cell.split(":")
+        tasks = load_tasks(cfg, paths, "test", int(n))[: int(k)]
+        row: dict = {"memory": memory, "N": int(n), "tasks": len(tasks)}
+        trajs = {}
+        for way in ("whole", "reused"):
+            backend = HFBackend(
+                model, tok.pad_token_id, tok.eos_token_id, cfg.rollout.batch_size, tokenizer=tok
+            )
+            backend.reuses_prefixes = way == "reused"
+            prefill["tokens"] = 0
+            t0 = time.perf_counter()
+            trajs[way], _ = run_eval(
+                model, tok, env, tasks, cfg.rollout, memory=memory, backend=backend
+            )
+            row[f"{way}_s"] = round(time.perf_counter() - t0, 2)
+            row[f"{way}_prefill_tokens"] = prefill["tokens"]
+            totals[way] += row[f"{way}_s"]
+        a, b = trajs["whole"], trajs["reused"]
+        row["speedup"] = round(row["whole_s"] / row["reused_s"], 2)
+        row["same_ids"] = sum(
+            [t.gen_ids for t in x.turns] == [t.gen_ids for t in y.turns]
+            for x, y in zip(a, b, strict=True)
+        )
+        row["same_em"] = sum(x.em == y.em for x, y in zip(a, b, strict=True))
+        row["em_whole"] = round(sum(sum(t.em) / len(t.em) for t in a) / len(a), 3)
+        row["em_reused"] = round(sum(sum(t.em) / len(t.em) for t in b) / len(b), 3)
+        print(json.dumps(row), flush=True)
+    ratio = totals["whole"] / max(totals["reused"], 1e-9)
+    print(
+        f"all cells: whole {totals['whole']:.1f} s, reused {totals['reused']:.1f} s: {ratio:.2f}x"
+    )
+
+
+if __name__ == "__main__":
+    main()
