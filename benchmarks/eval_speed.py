@@ -1,5 +1,6 @@
-"""The evaluation's rollout with and without reusing each task prompt's keys and values across
-its turns (mem1_core.rollout.generation.PrefixCache), side by side in one process: greedy,
+"""The evaluation's rollout with and without reusing each trajectory's keys and values from one
+turn to the next (mem1_core.rollout.generation.TurnCache: the task prompt under every memory,
+the whole last context under the full context), side by side in one process: greedy,
 the same tasks, each memory × N cell played both ways one after the other (compare the
 ratios: these machines are noisy).
 

@@ -14,7 +14,7 @@ from conftest import MALFORMED_TURNS
 from mem1_core.config import ModelConfig, RolloutConfig
 from mem1_core.models.model import build_tiny_model
 from mem1_core.rollout.env import QAEnvironment
-from mem1_core.rollout.generation import HFBackend, PrefixCache, SamplingParams
+from mem1_core.rollout.generation import HFBackend, SamplingParams, TurnCache
 from mem1_core.rollout.loop import rollout
 from mem1_core.trajectory.logprobs import per_turn_logprobs, token_logprobs
 from mem1_core.trajectory.record import (
@@ -250,33 +250,60 @@ def test_cli_rollout_of_the_untrained_model_writes_trajectories(tmp_path, capsys
     assert all(t.n_objectives == 2 for t in trajs)
 
 
-def test_prompt_kv_reused_across_calls_equals_the_whole_context(model, env, small_tasks):
-    """HFBackend with a PrefixCache against the definition, the same backend running each
-    whole context in one forward: same greedy ids and log-probs. Prefixes of unequal length
-    in one batch, a context that is its prefix and one token, none (0), and a second call
-    that takes every prefix from the cache."""
+def test_turn_kv_reused_across_calls_equals_the_whole_context(model, env, small_tasks):
+    """HFBackend with a TurnCache against the definition, the same backend running each
+    whole context in one forward: same greedy ids and log-probs, turn after turn. The second
+    turn's contexts are the full context's (the last context, its generated ids and new
+    info), MEM1's (the prompt, then something new), one sharing nothing, and one shorter than
+    its last sequence; reused lengths of every size in one batch."""
     tok = env.tok
     backend = HFBackend(model, tok.pad_token_id, tok.eos_token_id, max_batch=3)
     prompts = [env.encode_prompt(t.prompt) for t in small_tasks[:3]]
     assert len({len(p) for p in prompts}) > 1
     tail = env.encode(" <IS> </IS> <info> Doc </info>")
-    contexts = [prompts[0] + tail, prompts[1] + tail[:3], prompts[2][:1] + tail, prompts[0]]
-    lens = [len(prompts[0]), len(prompts[1]), 0, len(prompts[0])]
     params = SamplingParams(8, env.stop_ids, temperature=0.0)
-    whole = backend.generate(contexts, params)
-    store = PrefixCache()
-    first = tuple(prompts[0][:-1])
-    for _ in range(2):  # the first call fills the cache, the second reads it
-        got = backend.generate(contexts, params, None, lens, store)
-        # two prompts (one key whether it ends its context or opens it); a length 0 keeps none
-        assert len(store) == 2
+
+    def check(contexts, keys, turns):
+        whole = backend.generate(contexts, params)
+        got = backend.generate(contexts, params, None, keys, turns)
         for w, g in zip(whole, got, strict=True):
             assert g.ids == w.ids and g.finish == w.finish
             torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs))
-    # a cache with room for one prompt keeps the first and runs the other context whole
-    small = PrefixCache(max_bytes=sum(k.nbytes + v.nbytes for k, v in store.kv[first]))
-    got = backend.generate(contexts, params, None, lens, small)
-    assert list(small.kv) == [first] and small.full
-    assert [g.ids for g in got] == [w.ids for w in whole]
-    with pytest.raises(ValueError, match="one length per context"):
-        backend.generate(contexts, params, None, lens[:2], store)
+        return got
+
+    turns = TurnCache()
+    first = [prompts[0] + tail, prompts[1], prompts[2] + tail[:3], prompts[0][:2] + tail]
+    keys = ["a", "b", "c", "d"]
+    gens = check(first, keys, turns)
+    # each key holds its context and the ids generated in it, but the last
+    for k, c, g in zip(keys, first, gens, strict=True):
+        assert turns.seqs[k][0] == c + g.ids[:-1]
+    second = [
+        first[0] + gens[0].ids + tail,  # the full context: all of the last sequence
+        prompts[1] + tail,  # MEM1: the prompt, then a new state
+        tail,  # nothing in common
+        first[3][:3],  # a prefix of the last sequence: all of it but its last token
+    ]
+    reused = [turns.reusable(k, c) for k, c in zip(keys, second, strict=True)]
+    common = len(first[1]) + next(
+        (n for n, (x, y) in enumerate(zip(gens[1].ids[:-1], tail, strict=False)) if x != y),
+        min(len(gens[1].ids) - 1, len(tail)),
+    )
+    assert reused == [len(first[0]) + len(gens[0].ids) - 1, common, 0, 2]
+    check(second, keys, turns)
+    turns.drop("a")
+    assert len(turns) == 3 and turns.reusable("a", second[0]) == 0
+    # a cache with room for the shorter of two sequences keeps it; the longer's next turn runs
+    # whole (its context: the prompt, the tail and what it generated; the other's: the prompt)
+    pair = [prompts[1], prompts[1] + tail]
+    probe = TurnCache()
+    check(pair, ["x", "y"], probe)
+    assert len(probe.seqs["x"][0]) < len(probe.seqs["y"][0])
+    small = TurnCache(max_bytes=sum(k.nbytes + v.nbytes for k, v in probe.seqs["x"][1]))
+    gens = check(pair, ["x", "y"], small)
+    assert list(small.seqs) == ["x"] and small.reusable("y", pair[1] + gens[1].ids) == 0
+    check([pair[0] + gens[0].ids, pair[1] + gens[1].ids], ["x", "y"], small)
+    with pytest.raises(ValueError, match="one key per context"):
+        backend.generate(first, params, None, keys[:2], turns)
+    with pytest.raises(ValueError, match="its own key"):
+        backend.generate(first[:2], params, None, ["a", "a"], turns)

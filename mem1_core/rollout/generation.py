@@ -10,10 +10,11 @@ from: log_softmax(logits / temperature) when sampling (top-p only truncates whic
 be drawn), log_softmax(logits) when greedy. The learner scores the masked trajectory at the
 same temperature (verl does the same), so PPO's ratio compares like with like.
 
-A context's first tokens that recur across calls (a task's prompt opens every turn's context,
-under every memory) can be kept as keys and values in a `PrefixCache` the caller owns for as
-long as the weights do not change (one rollout): they are computed once, and each later call
-runs the model over the rest of the context only.
+A trajectory's contexts overlap from turn to turn: each opens with its task's prompt (under
+every memory), and under the full context each is the last one, what was generated in it and
+the new `<info>`. A `TurnCache` the caller owns for as long as the weights do not change (one
+rollout) keeps each trajectory's last sequence as keys and values: the next turn reuses them
+up to the first token where its context differs, and runs the model over the rest only.
 
 A turn stops on a token id (the tiny tokenizer's single-token tags, EOS) or on a string (a hub
 tokenizer's tags as text, mem1_core.models.tags): a row stops after the first token at which
@@ -23,7 +24,7 @@ kept whole, characters after the stop string included, so the ids stay exactly a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -115,41 +116,50 @@ class StopStrings:
         return lo
 
 
-class PrefixCache:
-    """Keys and values of context prefixes, per layer `[kv heads, tokens, head dim]`, by their
-    token ids: what HFBackend.generate reuses for the first `prefix_lens[i]` tokens of context
-    i. Valid for one set of weights only: its owner drops it when they change (the rollout
-    makes one per call). It holds at most `max_bytes`; once a prefix did not fit it takes no
-    more, and the contexts it lacks run whole (a cache that evicted would compute and drop the
-    same prompts every turn)."""
+class TurnCache:
+    """Keys and values, per layer `[kv heads, tokens, head dim]`, of each trajectory's last
+    sequence: the context of its last turn and the ids generated in it but the last (which no
+    forward read), by the caller's key (the rollout's trajectory index). HFBackend.generate
+    reuses an entry for the longest prefix its next context shares with it (under the full
+    context, all of it; under MEM1, the task prompt) and replaces it with the new turn's.
+    Valid for one set of weights only: its owner drops it when they change (the rollout makes
+    one per call). It holds at most `max_bytes`: a sequence that does not fit is not kept,
+    and its next turn runs whole."""
 
     def __init__(self, max_bytes: int = 2**30):
-        self.kv: dict[tuple[int, ...], list[tuple[Tensor, Tensor]]] = {}
+        self.seqs: dict[Hashable, tuple[list[int], list[tuple[Tensor, Tensor]]]] = {}
         self.max_bytes = max_bytes
         self.bytes = 0
-        self.full = False
 
     def __len__(self) -> int:
-        return len(self.kv)
+        return len(self.seqs)
 
-    def put(self, key: tuple[int, ...], layers: list[tuple[Tensor, Tensor]]) -> None:
-        size = sum(k.nbytes + v.nbytes for k, v in layers)
-        if self.full or self.bytes + size > self.max_bytes:
-            self.full = True
-            return
-        self.kv[key] = layers
-        self.bytes += size
+    def drop(self, key: Hashable) -> None:
+        if key in self.seqs:
+            self.bytes -= _nbytes(self.seqs.pop(key)[1])
+
+    def put(self, key: Hashable, ids: list[int], layers: list[tuple[Tensor, Tensor]]) -> None:
+        self.drop(key)
+        size = _nbytes(layers)
+        if self.bytes + size <= self.max_bytes:
+            self.seqs[key] = (ids, layers)
+            self.bytes += size
+
+    def reusable(self, key: Hashable, context: Sequence[int]) -> int:
+        """How many of `context`'s first tokens the entry holds: their common prefix, less
+        the context's last token (the forward must read one to give the next logits)."""
+        if key not in self.seqs:
+            return 0
+        ids, n = self.seqs[key][0], 0
+        for a, b in zip(ids, context[:-1], strict=False):
+            if a != b:
+                break
+            n += 1
+        return n
 
 
-def _left_padded(contexts, pad_id: int, device) -> tuple[Tensor, Tensor, Tensor]:
-    """ids, attention mask and position ids of `contexts` left-padded to the longest."""
-    B, L = len(contexts), max(len(c) for c in contexts)
-    ids = torch.full((B, L), pad_id, dtype=torch.long, device=device)
-    attn = torch.zeros((B, L), dtype=torch.long, device=device)
-    for b, c in enumerate(contexts):
-        ids[b, L - len(c) :] = torch.tensor(c, dtype=torch.long)
-        attn[b, L - len(c) :] = 1
-    return ids, attn, (attn.cumsum(-1) - 1).clamp(min=0)
+def _nbytes(layers: list[tuple[Tensor, Tensor]]) -> int:
+    return sum(k.nbytes + v.nbytes for k, v in layers)
 
 
 class HFBackend:
@@ -157,7 +167,8 @@ class HFBackend:
     `tokenizer` is needed for stop strings (it decodes the generated ids)."""
 
     reuses_prefixes = True
-    """generate takes `prefix_lens` and a `PrefixCache` (the rollout passes its prompts)."""
+    """generate takes a key per context and a `TurnCache` (the rollout passes its
+    trajectories' indices)."""
 
     def __init__(
         self,
@@ -177,25 +188,26 @@ class HFBackend:
         self.model.load_state_dict(state)
 
     @torch.no_grad()
-    def generate(
-        self, contexts, params, generator=None, prefix_lens=None, prefix_cache=None
-    ) -> list[Generation]:
-        """`prefix_lens[i]` (with `prefix_cache`): how many of context i's first tokens to
-        take from the cache, computing and keeping them there on a miss."""
-        if prefix_lens is not None and len(prefix_lens) != len(contexts):
-            raise ValueError("prefix_lens needs one length per context")
+    def generate(self, contexts, params, generator=None, keys=None, turns=None) -> list[Generation]:
+        """`keys[i]` (with `turns`, a TurnCache): context i's trajectory. Its keys and values
+        are taken from the cache as far as its last sequence reaches, and the cache then holds
+        this call's sequence under the key."""
+        if keys is not None and len(keys) != len(contexts):
+            raise ValueError("keys needs one key per context")
+        if keys is not None and len(set(keys)) != len(keys):
+            raise ValueError("each context of a call needs its own key")
         out: list[Generation] = []
         for i in range(0, len(contexts), self.max_batch):
-            lens = None if prefix_lens is None else prefix_lens[i : i + self.max_batch]
+            ks = None if keys is None or turns is None else keys[i : i + self.max_batch]
             batch = contexts[i : i + self.max_batch]
-            out += self._generate_batch(batch, params, generator, lens, prefix_cache)
+            out += self._generate_batch(batch, params, generator, ks, turns)
         return out
 
-    def _generate_batch(self, contexts, params, generator, prefix_lens, cache) -> list[Generation]:
+    def _generate_batch(self, contexts, params, generator, keys, turns) -> list[Generation]:
         from mem1_core.models.model import compute_context
 
         with compute_context(self.model):  # `model.autocast`: bf16 compute on fp32 weights
-            return self._generate_rows(contexts, params, generator, prefix_lens, cache)
+            return self._generate_rows(contexts, params, generator, keys, turns)
 
     def _forward(self, ids: Tensor, attn: Tensor, pos: Tensor, cache: DynamicCache) -> Tensor:
         """The logits at the last column (the only ones generation reads: the vocabulary
@@ -209,71 +221,50 @@ class HFBackend:
             logits_to_keep=1,
         ).logits[:, -1]
 
-    def _prefill(self, contexts, device, prefix_lens, store: PrefixCache | None):
+    def _prefill(self, contexts, device, reused: list[int], kv: list):
         """-> the batch's KV cache over `contexts`, its attention mask, each row's next
-        position and the logits at each context's end. Without a store, one left-padded
-        forward. With one, each row's first prefix_lens[b] tokens but the last come from the
-        store, and one forward runs the rest, laid out per row as
-        [pad | prefix | pad | rest]: the pad between is masked like the left padding, and the
-        positions are the context's own, so each row attends to exactly its context."""
-        if store is None or prefix_lens is None:
-            ids, attn, pos = _left_padded(contexts, self.pad_id, device)
-            cache = DynamicCache()
-            return cache, attn, pos[:, -1] + 1, self._forward(ids, attn, pos, cache)
-        # all but the prefix's last token, which the context may end with: a prompt keeps one
-        # key whether it is the whole context (a first turn) or opens it (every later turn)
-        cut = [max(0, min(p, len(c)) - 1) for c, p in zip(contexts, prefix_lens, strict=True)]
-        keys = [tuple(c[:k]) for c, k in zip(contexts, cut, strict=True)]
-        todo = [k for k in dict.fromkeys(keys) if k and k not in store.kv]
-        if todo and not store.full:
-            ids, attn, pos = _left_padded(todo, self.pad_id, device)
-            fresh = DynamicCache()
-            self._forward(ids, attn, pos, fresh)
-            L = ids.shape[1]
-            for b, k in enumerate(todo):
-                store.put(
-                    k,
-                    [
-                        (
-                            layer.keys[b, :, L - len(k) :].clone(),
-                            layer.values[b, :, L - len(k) :].clone(),
-                        )
-                        for layer in fresh.layers
-                    ],
-                )
-        keys = [k if k in store.kv else () for k in keys]  # what did not fit runs whole
-        B, P = len(contexts), max(len(k) for k in keys)
-        S = max(len(c) - len(k) for c, k in zip(contexts, keys, strict=True))
+        position and the logits at each context's end. Row b's first reused[b] tokens come
+        from kv[b] (a TurnCache entry's layers), and one forward runs the rest, laid out per
+        row as [pad | reused | pad | rest]: the pad between is masked like the left padding,
+        and the positions are the context's own, so each row attends to exactly its context
+        (with nothing reused, one left-padded forward)."""
+        B, P = len(contexts), max(reused)
+        S = max(len(c) - n for c, n in zip(contexts, reused, strict=True))
         cache = DynamicCache()
         if P:
-            layers = next(store.kv[k] for k in keys if k)
+            layers = next(layers for layers, n in zip(kv, reused, strict=True) if n)
             for li, (k0, v0) in enumerate(layers):
                 K = k0.new_zeros((B, k0.shape[0], P, k0.shape[2]))
                 V = v0.new_zeros((B, v0.shape[0], P, v0.shape[2]))
-                for b, k in enumerate(keys):
-                    if k:
-                        K[b, :, P - len(k) :], V[b, :, P - len(k) :] = store.kv[k][li]
+                for b, n in enumerate(reused):
+                    if n:
+                        K[b, :, P - n :] = kv[b][li][0][:, :n]
+                        V[b, :, P - n :] = kv[b][li][1][:, :n]
                 cache.update(K, V, li)
         ids = torch.full((B, S), self.pad_id, dtype=torch.long, device=device)
         attn = torch.zeros((B, P + S), dtype=torch.long, device=device)
         pos = torch.zeros((B, S), dtype=torch.long, device=device)
-        for b, (c, k) in enumerate(zip(contexts, keys, strict=True)):
-            rest = len(c) - len(k)
-            ids[b, S - rest :] = torch.tensor(c[len(k) :], dtype=torch.long)
-            pos[b, S - rest :] = torch.arange(len(k), len(c))
-            attn[b, P - len(k) : P] = 1
+        for b, (c, n) in enumerate(zip(contexts, reused, strict=True)):
+            rest = len(c) - n
+            ids[b, S - rest :] = torch.tensor(c[n:], dtype=torch.long)
+            pos[b, S - rest :] = torch.arange(n, len(c))
+            attn[b, P - n : P] = 1
             attn[b, P + S - rest :] = 1
         next_pos = torch.tensor([len(c) for c in contexts], dtype=torch.long, device=device)
         return cache, attn, next_pos, self._forward(ids, attn, pos, cache)
 
-    def _generate_rows(self, contexts, params, generator, prefix_lens, store) -> list[Generation]:
+    def _generate_rows(self, contexts, params, generator, keys, turns) -> list[Generation]:
         if any(len(c) == 0 for c in contexts):
             raise ValueError("every context needs at least one token")
         device = next(self.model.parameters()).device
         B = len(contexts)
         stops = set(params.stop_ids) | ({self.eos_id} if self.eos_id is not None else set())
         strings = self._stop_strings(params)
-        cache, attn, next_pos, logits = self._prefill(contexts, device, prefix_lens, store)
+        reused, kv = [0] * B, [None] * B
+        if keys is not None:
+            reused = [turns.reusable(k, c) for k, c in zip(keys, contexts, strict=True)]
+            kv = [turns.seqs[k][1] if n else None for k, n in zip(keys, reused, strict=True)]
+        cache, attn, next_pos, logits = self._prefill(contexts, device, reused, kv)
         gen_ids: list[list[int]] = [[] for _ in range(B)]
         gen_lp: list[list[float]] = [[] for _ in range(B)]
         finish = ["length"] * B
@@ -292,7 +283,15 @@ class HFBackend:
                     finish[r] = "stop"
                 else:
                     keep.append(j)
-            if not keep or step == params.max_new_tokens - 1:
+            last = not keep or step == params.max_new_tokens - 1
+            if keys is not None:  # the cache holds each finished row's context and ids
+                kept = set() if last else set(keep)
+                for j, r in enumerate(rows):
+                    if j not in kept:
+                        self._keep_turn(
+                            turns, keys[r], contexts[r] + gen_ids[r][:-1], cache, attn, j
+                        )
+            if last:
                 break
             if len(keep) < len(rows):
                 idx = torch.tensor(keep, device=device)
@@ -303,6 +302,15 @@ class HFBackend:
             logits = self._forward(nxt[:, None], attn, next_pos[:, None], cache)
             next_pos = next_pos + 1
         return [Generation(gen_ids[b], gen_lp[b], finish[b]) for b in range(B)]
+
+    @staticmethod
+    def _keep_turn(turns: TurnCache, key, ids: list[int], cache: DynamicCache, attn, j: int):
+        """Put batch position j's keys and values (its unmasked columns: the context and the
+        ids generated but the last, in order) into `turns` under `key`."""
+        cols = attn[j].bool()
+        layers = [(layer.keys[j][:, cols], layer.values[j][:, cols]) for layer in cache.layers]
+        assert layers[0][0].shape[1] == len(ids)
+        turns.put(key, ids, layers)
 
     def _stop_strings(self, params: SamplingParams) -> StopStrings | None:
         if not params.stop_strings:

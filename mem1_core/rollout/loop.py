@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from mem1_core.config import RolloutConfig
 from mem1_core.rollout.env import FORMAT_HINT, QAEnvironment, format_passages
-from mem1_core.rollout.generation import GenerationBackend, PrefixCache, SamplingParams
+from mem1_core.rollout.generation import GenerationBackend, SamplingParams, TurnCache
 from mem1_core.rollout.memory import get_memory, has_recall
 from mem1_core.rollout.recall import recall, recall_query
 from mem1_core.trajectory.record import Action, Trajectory, Turn
@@ -86,9 +86,10 @@ def rollout(
     bar = tqdm(
         total=len(trajs), desc=f"rollout[{memory}]", unit="traj", disable=not progress, leave=False
     )
-    # every context opens with its task's prompt: a backend that can keeps the prompts' keys
-    # and values for the whole rollout (the weights stay as they are until it returns)
-    prompts = PrefixCache() if getattr(backend, "reuses_prefixes", False) else None
+    # a trajectory's contexts overlap from turn to turn (the prompt; under the full context,
+    # everything before): a backend that can keeps each one's last sequence as keys and values
+    # for the whole rollout (the weights stay as they are until it returns)
+    turn_kv = TurnCache() if getattr(backend, "reuses_prefixes", False) else None
     live = list(range(len(trajs)))
     while live:
         # One generate call per token budget (tasks of one N share it).
@@ -110,9 +111,8 @@ def rollout(
                 gens = backend.generate(
                     contexts, params, generator, trajectories=[trajs[i] for i in idx]
                 )
-            elif prompts is not None:
-                lens = [len(trajs[i].prompt_ids) for i in idx]
-                gens = backend.generate(contexts, params, generator, lens, prompts)
+            elif turn_kv is not None:
+                gens = backend.generate(contexts, params, generator, idx, turn_kv)
             else:
                 gens = backend.generate(contexts, params, generator)
             per = (time.perf_counter() - t0) / len(idx)
@@ -128,6 +128,9 @@ def rollout(
                 )
         _env_step(env, cfg, trajs, live, new_turns)
         still = [i for i in live if not trajs[i].done]
+        if turn_kv is not None:
+            for i in set(live) - set(still):
+                turn_kv.drop(i)
         bar.update(len(live) - len(still))
         live = still
     bar.close()
