@@ -1,17 +1,20 @@
-"""The evaluation's rollout with and without reusing each trajectory's keys and values from one
-turn to the next (mem1_core.rollout.generation.TurnCache: the task prompt under every memory,
-the whole last context under the full context), side by side in one process: greedy,
-the same tasks, each memory × N cell played both ways one after the other (compare the
-ratios: these machines are noisy).
+"""The evaluation's rollout three ways, side by side in one process: `whole`, each turn's
+context run whole through transformers' DynamicCache (how it ran before either change below);
+`turns`, each trajectory's keys and values carried from one turn to the next
+(mem1_core.rollout.generation.TurnCache: the task prompt under every memory, the whole last
+context under the full context); `now`, that and the backend's own decoding cache layer
+(`_DecodeLayer`: keys and values in the autocast dtype, new tokens written into spare room).
+Greedy, the same tasks, each memory × N cell played every way one after the other (compare
+the ratios: these machines are noisy).
 
     python benchmarks/eval_speed.py --run RUN --policy RUN/warm_start/policy \\
         [--profile smol] [--threads 2] [--cells mem1:2:16 mem1:8:4 full:8:4]
 
 RUN is a run directory with its assets (world, index, tasks: a warm start's has them), and a
-cell is memory:N:tasks from the test split. For each cell it prints one JSON line: both wall
-times, their ratio, the tokens each prefill ran (the model's forward over more than one
-token), and how many trajectories came out with the same generated ids both ways and with
-the same EM (under bf16 autocast a context computed in two pieces rounds differently from
+cell is memory:N:tasks from the test split. For each cell it prints one JSON line: each way's
+wall time, the ratios to `whole`, the tokens each prefill ran (the model's forward over more than one
+token), and how many trajectories came out with the same generated ids and the same EM as
+`whole` (under bf16 autocast a context computed in two pieces rounds differently from
 one computed whole, so a greedy turn can flip where two tokens are nearly tied).
 """
 
@@ -34,10 +37,13 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
+    from transformers import DynamicCache
+
     from mem1_core.config import load_config
     from mem1_core.evaluation.evaluate import run_eval
     from mem1_core.models.model import load_model
     from mem1_core.models.policy import ensure_tokenizer
+    from mem1_core.rollout import generation
     from mem1_core.rollout.env import make_env
     from mem1_core.rollout.generation import HFBackend
     from mem1_core.rollout.inputs import load_tasks, prepare
@@ -56,17 +62,20 @@ def main() -> None:
         return forward(*a, **kw)
 
     model.forward = counted
-    totals = {"whole": 0.0, "reused": 0.0}
+    ways = ("whole", "turns", "now")
+    own_cache = generation._kv_cache
+    totals = dict.fromkeys(ways, 0.0)
     for cell in args.cells:
         memory, n, k = cell.split(":")
         tasks = load_tasks(cfg, paths, "test", int(n))[: int(k)]
         row: dict = {"memory": memory, "N": int(n), "tasks": len(tasks)}
         trajs = {}
-        for way in ("whole", "reused"):
+        for way in ways:
             backend = HFBackend(
                 model, tok.pad_token_id, tok.eos_token_id, cfg.rollout.batch_size, tokenizer=tok
             )
-            backend.reuses_prefixes = way == "reused"
+            backend.reuses_prefixes = way != "whole"
+            generation._kv_cache = own_cache if way == "now" else (lambda _m: DynamicCache())
             prefill["tokens"] = 0
             t0 = time.perf_counter()
             trajs[way], _ = run_eval(
@@ -75,19 +84,23 @@ def main() -> None:
             row[f"{way}_s"] = round(time.perf_counter() - t0, 2)
             row[f"{way}_prefill_tokens"] = prefill["tokens"]
             totals[way] += row[f"{way}_s"]
-        a, b = trajs["whole"], trajs["reused"]
-        row["speedup"] = round(row["whole_s"] / row["reused_s"], 2)
-        row["same_ids"] = sum(
-            [t.gen_ids for t in x.turns] == [t.gen_ids for t in y.turns]
-            for x, y in zip(a, b, strict=True)
-        )
-        row["same_em"] = sum(x.em == y.em for x, y in zip(a, b, strict=True))
-        row["em_whole"] = round(sum(sum(t.em) / len(t.em) for t in a) / len(a), 3)
-        row["em_reused"] = round(sum(sum(t.em) / len(t.em) for t in b) / len(b), 3)
+        a = trajs["whole"]
+        for way in ways[1:]:
+            b = trajs[way]
+            row[f"speedup_{way}"] = round(row["whole_s"] / row[f"{way}_s"], 2)
+            row[f"same_ids_{way}"] = sum(
+                [t.gen_ids for t in x.turns] == [t.gen_ids for t in y.turns]
+                for x, y in zip(a, b, strict=True)
+            )
+            row[f"same_em_{way}"] = sum(x.em == y.em for x, y in zip(a, b, strict=True))
+        for way in ways:
+            row[f"em_{way}"] = round(sum(sum(t.em) / len(t.em) for t in trajs[way]) / len(a), 3)
         print(json.dumps(row), flush=True)
-    ratio = totals["whole"] / max(totals["reused"], 1e-9)
     print(
-        f"all cells: whole {totals['whole']:.1f} s, reused {totals['reused']:.1f} s: {ratio:.2f}x"
+        "all cells: "
+        + ", ".join(f"{w} {totals[w]:.1f} s" for w in ways)
+        + "; whole / now "
+        + f"{totals['whole'] / max(totals['now'], 1e-9):.2f}x"
     )
 
 

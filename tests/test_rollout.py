@@ -307,3 +307,34 @@ def test_turn_kv_reused_across_calls_equals_the_whole_context(model, env, small_
         backend.generate(first, params, None, keys[:2], turns)
     with pytest.raises(ValueError, match="its own key"):
         backend.generate(first[:2], params, None, ["a", "a"], turns)
+
+
+def test_decode_layer_holds_what_a_dynamic_layer_holds():
+    """The backend's KV layer (spare room, autocast dtype) against transformers' DynamicLayer
+    (a new tensor per update) cast to that dtype: equal keys and values after a prefill, token
+    after token past its room, a batch selection and a crop."""
+    from transformers.cache_utils import DynamicLayer
+
+    from mem1_core.rollout.generation import _DecodeLayer
+
+    g = torch.Generator().manual_seed(0)
+    for dtype in (None, torch.bfloat16):
+        ours, ref = _DecodeLayer(dtype), DynamicLayer()
+
+        def step(m, ours=ours, ref=ref, dtype=dtype):
+            B = ref.keys.shape[0] if ref.is_initialized else 3
+            k, v = torch.randn(B, 2, m, 4, generator=g), torch.randn(B, 2, m, 4, generator=g)
+            got, want = ours.update(k, v), ref.update(k, v)
+            for a, b in zip(got, want, strict=True):
+                assert torch.equal(a, b if dtype is None else b.to(dtype))
+
+        step(40)
+        for _ in range(100):  # past the first room (2 × 41)
+            step(1)
+        for layer in (ours, ref):
+            layer.batch_select_indices(torch.tensor([0, 2]))
+        step(1)
+        for layer in (ours, ref):
+            layer.crop(-21)  # 141 tokens -> 120
+        step(5)
+        assert ours.keys.shape == ref.keys.shape == (2, 2, 125, 4)

@@ -26,11 +26,13 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 import torch
 from torch import Tensor
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from mem1_core.models.tags import turn_text
 
@@ -162,6 +164,50 @@ def _nbytes(layers: list[tuple[Tensor, Tensor]]) -> int:
     return sum(k.nbytes + v.nbytes for k, v in layers)
 
 
+class _DecodeLayer(DynamicLayer):
+    """A DynamicLayer for decoding on the CPU. It keeps its keys and values in `dtype` (the
+    autocast dtype where there is one: attention reads them in it anyway, autocast casting its
+    inputs bit for bit as this cast does, and re-casting a float32 cache on every read cost
+    more than the attention), and it writes each new token into spare room instead of
+    concatenating a new tensor (allocating the whole cache anew on every token was the rest
+    of a long context's decode step). `keys`/`values` stay views of the first tokens of that
+    room, so everything else a DynamicLayer does (batch_select_indices, crop) works on them;
+    once one of those replaced them, the next update moves them into fresh room."""
+
+    def __init__(self, dtype: torch.dtype | None, **kwargs):
+        super().__init__(**kwargs)
+        self.dtype = dtype
+        self.room: tuple[Tensor, Tensor] | None = None
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs):
+        if self.dtype is not None:
+            key_states, value_states = key_states.to(self.dtype), value_states.to(self.dtype)
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n, m = (self.keys.shape[-2] if self.keys.dim() == 4 else 0), key_states.shape[-2]
+        room = self.room
+        if room is None or room[0].shape[-2] < n + m or room[0].data_ptr() != self.keys.data_ptr():
+            B, H, _, D = key_states.shape
+            cap = max(2 * (n + m), 64)
+            room = (key_states.new_empty((B, H, cap, D)), value_states.new_empty((B, H, cap, D)))
+            if n:
+                room[0][:, :, :n], room[1][:, :, :n] = self.keys, self.values
+            self.room = room
+        room[0][:, :, n : n + m], room[1][:, :, n : n + m] = key_states, value_states
+        self.keys, self.values = room[0][:, :, : n + m], room[1][:, :, : n + m]
+        return self.keys, self.values
+
+
+def _kv_cache(model: torch.nn.Module) -> DynamicCache:
+    """An empty KV cache for decoding `model` (`_DecodeLayer`s, in its autocast dtype if any)."""
+    from mem1_core.models.model import AUTOCAST_ATTR, DTYPES
+
+    dtype = getattr(model, AUTOCAST_ATTR, None)
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = partial(_DecodeLayer, DTYPES[dtype] if dtype else None)
+    return cache
+
+
 class HFBackend:
     """Hugging Face causal LM with a KV cache; batches rows and prunes finished ones.
     `tokenizer` is needed for stop strings (it decodes the generated ids)."""
@@ -230,7 +276,7 @@ class HFBackend:
         (with nothing reused, one left-padded forward)."""
         B, P = len(contexts), max(reused)
         S = max(len(c) - n for c, n in zip(contexts, reused, strict=True))
-        cache = DynamicCache()
+        cache = _kv_cache(self.model)
         if P:
             layers = next(layers for layers, n in zip(kv, reused, strict=True) if n)
             for li, (k0, v0) in enumerate(layers):
