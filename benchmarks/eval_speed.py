@@ -12,9 +12,9 @@ the ratios: these machines are noisy).
 
 RUN is a run directory with its assets (world, index, tasks: a warm start's has them), and a
 cell is memory:N:tasks from the test split. For each cell it prints one JSON line: each way's
-wall time, the ratios to `whole`, the tokens each prefill ran (the model's forward over more than one
-token), and how many trajectories came out with the same generated ids and the same EM as
-`whole` (under bf16 autocast a context computed in two pieces rounds differently from
+wall time, the ratios to `whole`, the tokens each prefill ran (the model's forward over more
+than one token), and how many trajectories came out with the same generated ids and the same
+EM as `whole` (under bf16 autocast a context computed in two pieces rounds differently from
 one computed whole, so a greedy turn can flip where two tokens are nearly tied).
 """
 

@@ -165,7 +165,7 @@ def _nbytes(layers: list[tuple[Tensor, Tensor]]) -> int:
 
 
 class _DecodeLayer(DynamicLayer):
-    """A DynamicLayer for decoding on the CPU. It keeps its keys and values in `dtype` (the
+    """A DynamicLayer for HFBackend's decoding. It keeps its keys and values in `dtype` (the
     autocast dtype where there is one: attention reads them in it anyway, autocast casting its
     inputs bit for bit as this cast does, and re-casting a float32 cache on every read cost
     more than the attention), and it writes each new token into spare room instead of
