@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     report(cfg, evals, curves, walls)
     checked = goals(evals, cfg.world.seed, cfg.data.train_objectives)
     print_goals(checked, cfg.world.seed)
-    png = plot(curves, evals, cfg.data.train_objectives, out / "learning.png")
+    png = plot(curves, evals, cfg.data.train_objectives, out / "learning.png", checked)
     (out / "learning.json").write_text(
         json.dumps(
             {
@@ -398,16 +398,52 @@ def print_goals(rows: list[dict], own_seed: int) -> None:
             )
 
 
-def plot(curves: dict[str, list[dict]], evals: dict[int, dict], n_train: int, path: Path) -> Path:
+_GOAL_SHORT = {
+    "mem1_minus_start_em": "MEM1 − start",
+    "mem1_minus_full_em": "MEM1 − full",
+    "rl_minus_sft_em": "RL − SFT",
+}
+
+
+def goal_bars(checked: list[dict], own_seed: int) -> list[tuple[str, float, dict[str, float]]]:
+    """The EM-difference goals as the plot shows them: (label, bar in SE, {world: the
+    difference in its own counted SE}), the run's world first; a world where that SE is 0 or
+    unknown is left out of the row (nothing to count in). The peak-token ratio, whose bar is
+    not in SE, is not among them."""
+    out = []
+    for r in checked:
+        if not r["bar"].endswith("SE"):
+            continue
+        per_world = {str(own_seed): r, **{s: o for s, o in r["worlds"].items() if o}}
+        counted = {s: (o["value"], _bar_se(o)) for s, o in per_world.items()}
+        short = _GOAL_SHORT.get(r["key"].split("@")[0], r["label"].split(",")[0])
+        out.append((
+            f"{short}\nN={r['N']}", float(r["bar"].split()[1]),
+            {s: v / se for s, (v, se) in counted.items() if se},
+        ))  # fmt: skip
+    return out
+
+
+def plot(
+    curves: dict[str, list[dict]],
+    evals: dict[int, dict],
+    n_train: int,
+    path: Path,
+    checked: list[dict] | None = None,
+) -> Path:
     """Held-out EM against PPO iterations (training N solid, longer tasks dashed), the sampled
-    reward, the KL to the start, and every agent's EM and peak tokens against N."""
+    reward, the KL to the start, every agent's EM against N and, given the goals, each EM
+    difference in its standard errors beside its bar, one bar per world."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 4, figsize=(20, 4.2))
-    held, sampled, kl, em = axes
+    bars = goal_bars(checked, next(iter(evals))) if checked and evals else []
+    fig, axes = plt.subplots(
+        1, 5 if bars else 4, figsize=(25 if bars else 20, 4.2), gridspec_kw={"wspace": 0.3}
+    )
+    held, sampled, kl, em = axes[:4]
     for k, (name, rows) in enumerate(curves.items()):
         color = f"C{k}"
         it = [r["iteration"] + 1 for r in rows]
@@ -426,7 +462,8 @@ def plot(curves: dict[str, list[dict]], evals: dict[int, dict], n_train: int, pa
         ax.set_xlabel("PPO iteration")
         ax.set_title(title)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.has_data():  # no PPO arm: no curve to name
+            ax.legend(fontsize=7)
     for s, h in enumerate(evals.values()):
         for k, agent in enumerate(h["agents"]):
             cells = sorted((c for c in h["cells"] if c["agent"] == agent), key=lambda c: c["N"])
@@ -438,12 +475,34 @@ def plot(curves: dict[str, list[dict]], evals: dict[int, dict], n_train: int, pa
     em.set_xscale("log", base=2)
     more = ", ".join(f"world {w}" for w in list(evals)[1:])
     em.set_xlabel(f"objectives N (dotted: {more})" if more else "objectives N")
-    em.set_title(f"held-out EM fraction, world {next(iter(evals), '')}")
+    em.set_title(f"held-out EM fraction (solid: world {next(iter(evals), '')})")
     em.grid(alpha=0.3)
     em.legend(fontsize=7)
+    if bars:
+        _plot_goals(axes[4], bars, [str(s) for s in evals])
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def _plot_goals(ax, bars: list[tuple[str, float, dict[str, float]]], worlds: list[str]) -> None:
+    """Horizontal bars: each goal's difference in its SE per world, a black tick at its bar."""
+    height, named = 0.8 / len(worlds), set()
+    for row, (_, bar, per_world) in enumerate(bars):
+        ax.plot([bar, bar], [row - 0.45, row + 0.45], "k-", lw=2)
+        for k, w in enumerate(worlds):
+            if w in per_world:
+                y = row - 0.4 + (k + 0.5) * height
+                label = None if w in named else f"world {w}"
+                ax.barh(y, per_world[w], height, color=f"C{k}", label=label)
+                named.add(w)
+    ax.axvline(0, color="grey", lw=0.8)
+    ax.set_yticks(range(len(bars)), [label for label, _, _ in bars], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("difference / its SE, paired where known (black: the goal's bar)")
+    ax.set_title("issue 27's goals")
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(fontsize=7)
 
 
 if __name__ == "__main__":

@@ -169,3 +169,24 @@ def test_the_bar_counts_the_paired_error_where_the_tasks_are_known(learning):
     assert row["se"] == pytest.approx(math.hypot(0.05, 0.05))
     assert row["met"]  # 0.12 over a paired SE of 0.004
     assert "paired SE" in learning._goal_figure(row, row["bar"])
+
+
+def test_the_goals_panel_counts_each_difference_in_its_own_se(learning, tmp_path):
+    """The plot's goals panel: every EM-difference goal (not the peak-token ratio), its bar in
+    SE as the issue states it, and on each world the difference over that world's SE; a world
+    whose SE is 0 (both agents score nothing) has no bar to count in, so it is left out."""
+    other = {a: dict(v) for a, v in EM.items()}
+    other["mem1-ppo"][2] = 0.55
+    evals = {0: headline(EM, PEAK), 4242: headline(other, PEAK, se=0.0)}
+    checked = learning.goals(evals, own_seed=0, n_train=2)
+    bars = learning.goal_bars(checked, own_seed=0)
+    se2 = math.hypot(0.02, 0.02)
+    assert [(label.replace("\n", " "), bar) for label, bar, _ in bars] == [
+        ("MEM1 − start N=2", 3.0), ("MEM1 − full N=8", 2.0), ("MEM1 − full N=16", 2.0),
+        ("RL − SFT N=4", 2.0), ("RL − SFT N=8", 2.0), ("RL − SFT N=16", 2.0),
+    ]  # fmt: skip
+    start = bars[0][2]
+    assert start["0"] == pytest.approx(0.12 / se2)
+    assert "4242" not in start  # SE 0 on that world
+    png = learning.plot({}, evals, 2, tmp_path / "p.png", checked)
+    assert png.stat().st_size > 0
