@@ -9,11 +9,16 @@ Prints the tables, the issue's goals and the curves, and writes learning.png, le
     python benchmarks/learning.py --out runs/learning --profile smol   # issue 27 (EXPERIMENT)
     python benchmarks/learning.py --out runs/l2 --init runs/learning/warm_start --arms mem1-ppo
     python benchmarks/learning.py --out runs/learning --profile tiny --objectives-per-n 64
+    python benchmarks/learning.py --out runs/n8 --reuse runs/learning --arms mem1-ppo full-ppo \
+        --eval-agents mem1-ppo full-ppo --eval-objectives 8 --objectives-per-n 512 --no-teacher
 
 Run directories are the pipeline's stage names (warm_start, ppo_mem1, ppo_full, sft_mem1,
 eval, world<seed>/eval), so a finished arm is reused and a stopped one resumed by rerunning
-the same command; so is an evaluation, at the first agent × N cell it had not finished. The PPO arms evaluate greedily every `ppo.eval_every` iterations at the
-training N and at `--curve-n` (`ppo.eval_objectives`): the held-out curves.
+the same command; so is an evaluation, at the first agent × N cell it had not finished.
+`--reuse RUN` evaluates RUN's finished warm start and arms again (linked, never trained: more
+tasks, other N, other agents) in a directory of its own. The PPO arms evaluate greedily every
+`ppo.eval_every` iterations at the training N and at `--curve-n` (`ppo.eval_objectives`): the
+held-out curves.
 
 Agents as in the pipeline: `truncate-ppo` is the full-context policy with its context cut to
 the last turns (mem1_core.evaluation.stage.TRAINED_AGENTS); the teacher rows are the scripted
@@ -52,6 +57,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--init", default=None, help="an existing warm start (skips training one)")
     p.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     p.add_argument(
+        "--reuse",
+        default=None,
+        help="a run whose warm start and finished arms (--arms) this one links and evaluates",
+    )
+    p.add_argument(
+        "--eval-agents",
+        nargs="+",
+        choices=("warm-start", *ARMS, "truncate-ppo"),
+        default=None,
+        help="agents evaluated (default: the warm start, the arms and the truncated agent)",
+    )
+    p.add_argument(
         "--eval-objectives", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="N evaluated"
     )
     p.add_argument(
@@ -73,11 +90,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-ray", action="store_true")
     p.add_argument("--set", dest="overrides", action="append", default=[])
     args = p.parse_args(argv)
+    beyond = set(args.eval_agents or ()) - agent_names(args.arms)
+    if beyond:  # before any training
+        p.error(f"--eval-agents {sorted(beyond)}: not among --arms {args.arms}'s agents")
 
     cfg = experiment_config(args)
     out = Path(args.out).resolve()
     walls = train_arms(cfg, out, args)
     agents = trained(out, args.arms)
+    if args.eval_agents:
+        agents = [a for a in agents if a[0] in args.eval_agents]
     evals = {}
     for seed in [cfg.world.seed, *args.eval_worlds]:
         t0 = time.perf_counter()
@@ -145,6 +167,9 @@ def train_arms(cfg, out: Path, args) -> dict[str, float]:
         release_freed_memory(name)  # the next arm trains in this process
 
     warm = out / "warm_start"
+    if args.reuse:
+        link_finished(cfg, Path(args.reuse).resolve(), out, args.arms)
+        args.init = args.init or str(Path(args.reuse).resolve() / "warm_start")
     if args.init:
         warm.parent.mkdir(parents=True, exist_ok=True)
         if not warm.exists():
@@ -152,8 +177,8 @@ def train_arms(cfg, out: Path, args) -> dict[str, float]:
     else:
         timed("warm start", train_sft, cfg, warm, warm_start=True, resume=True)
     init = resolve_init(warm)
-    for arm, sub, memory in (("mem1-ppo", "ppo_mem1", "mem1"), ("full-ppo", "ppo_full", "full")):
-        d = out / sub
+    for arm, memory in (("mem1-ppo", "mem1"), ("full-ppo", "full")):
+        d = out / ARM_DIRS[arm][0]
         if arm in args.arms and not finished(d, cfg.ppo.iterations):
             arm_cfg = replace(cfg, rollout=replace(cfg.rollout, memory=memory))
             timed(arm, train_rl, arm_cfg, d, resume=d.exists(), init=init, use_ray=not args.no_ray)
@@ -166,20 +191,48 @@ def train_arms(cfg, out: Path, args) -> dict[str, float]:
     return walls
 
 
-def finished(run_dir: Path, iterations: int) -> bool:
-    """A PPO arm that ran all its iterations (its last metrics row says how it stopped):
-    reused without starting its models again."""
+def finished(run_dir: Path, count: int, key: str = "iteration") -> bool:
+    """An arm that ran all its iterations (PPO; `key="step"`: an SFT arm's steps), its last
+    metrics row saying how it stopped: reused without starting its models again. (An SFT arm
+    writes its policy and result.json after that row: train_sft(resume=True) checks those.)"""
     from mem1_core.runs.layout import RunPaths
 
     rows = RunPaths(run_dir).read_metrics() if run_dir.exists() else []
-    return bool(rows) and "stopped_by" in rows[-1] and rows[-1]["iteration"] + 1 >= iterations
+    done = rows[-1][key] + (1 if key == "iteration" else 0) if rows else 0
+    return bool(rows) and "stopped_by" in rows[-1] and done >= count
+
+
+ARM_DIRS = {"mem1-ppo": ("ppo_mem1", "iteration"), "full-ppo": ("ppo_full", "iteration"),
+            "mem1-sft": ("sft_mem1", "step")}  # fmt: skip
+"""Each arm's run directory and the metrics key its count is in."""
+
+
+def link_finished(cfg, src: Path, out: Path, arms: list[str]) -> None:
+    """--reuse: link `src`'s arms into `out` (its warm start goes in as --init), each of them
+    finished under this run's counts; an arm stopped early would be evaluated unfinished."""
+    out.mkdir(parents=True, exist_ok=True)
+    for arm in arms:
+        sub, key = ARM_DIRS[arm]
+        count = cfg.sft.steps if key == "step" else cfg.ppo.iterations
+        if not finished(src / sub, count, key) or (
+            key == "step" and not (src / sub / "result.json").is_file()
+        ):
+            raise SystemExit(f"--reuse {src}: {sub} has not finished its {count} {key}s")
+        if not (out / sub).exists():
+            (out / sub).symlink_to(src / sub)
+
+
+def agent_names(arms: list[str]) -> set[str]:
+    """The agents a run of these arms evaluates: the warm start, each arm, and the full-context
+    arm's policy under a truncated context."""
+    return {"warm-start", *arms} | ({"truncate-ppo"} if "full-ppo" in arms else set())
 
 
 def trained(out: Path, arms: list[str]) -> list[tuple[str, str, str]]:
     """(agent, policy dir, memory) of the warm start and the arms asked for."""
     from mem1_core.evaluation.stage import trained_agents
 
-    keep = {"warm-start", *arms} | ({"truncate-ppo"} if "full-ppo" in arms else set())
+    keep = agent_names(arms)
     return [a for a in trained_agents(out) if a[0] in keep]
 
 

@@ -5,6 +5,7 @@ ratio at most 0.3 at N=16, and each figure on another world within 0.1 of world 
 
 from __future__ import annotations
 
+import json
 import math
 
 import pandas as pd
@@ -190,3 +191,45 @@ def test_the_goals_panel_counts_each_difference_in_its_own_se(learning, tmp_path
     assert "4242" not in start  # SE 0 on that world
     png = learning.plot({}, evals, 2, tmp_path / "p.png", checked)
     assert png.stat().st_size > 0
+
+
+def _metrics(run_dir, rows):
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_reuse_links_only_arms_that_finished_their_count(learning, tmp_path):
+    """--reuse evaluates another run's arms again: one that ran all its iterations (PPO) or
+    steps (SFT, with its result.json written) is linked; one stopped short is refused, never
+    evaluated as if trained."""
+    import argparse
+
+    cfg = learning.experiment_config(
+        argparse.Namespace(profile="smol", overrides=["ppo.iterations=4", "sft.steps=8"],
+                           curve_points=4, curve_n=[8])
+    )  # fmt: skip
+    src, out = tmp_path / "src", tmp_path / "out"
+    ppo = [{"iteration": i, "reward": 0.5} for i in range(4)]
+    ppo[-1]["stopped_by"] = "count"
+    _metrics(src / "ppo_mem1", ppo)
+    _metrics(src / "ppo_full", [*ppo[:2], {"iteration": 2, "stopped_by": "minutes"}])
+    _metrics(src / "sft_mem1", [{"step": 4}, {"step": 8, "stopped_by": "count"}])
+
+    learning.link_finished(cfg, src, out, ["mem1-ppo"])
+    assert (out / "ppo_mem1").resolve() == (src / "ppo_mem1").resolve()
+    with pytest.raises(SystemExit, match="ppo_full has not finished its 4 iterations"):
+        learning.link_finished(cfg, src, out, ["full-ppo"])
+    with pytest.raises(SystemExit, match="sft_mem1 has not finished"):  # no result.json yet
+        learning.link_finished(cfg, src, out, ["mem1-sft"])
+    (src / "sft_mem1" / "result.json").write_text("{}")
+    learning.link_finished(cfg, src, out, ["mem1-sft"])
+    assert (out / "sft_mem1").is_symlink() and not (out / "ppo_full").exists()
+
+
+def test_eval_agents_beyond_the_arms_fail_before_any_training(learning, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        learning.main(["--out", str(tmp_path / "r"), "--arms", "mem1-ppo",
+                       "--eval-agents", "truncate-ppo"])  # fmt: skip
+    assert e.value.code == 2 and "truncate-ppo" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+    assert learning.agent_names(["full-ppo"]) == {"warm-start", "full-ppo", "truncate-ppo"}
