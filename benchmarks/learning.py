@@ -249,8 +249,7 @@ def evaluate(args, out: Path, agents, seed: int, own_seed: int) -> dict:
         f"world.seed={seed}",
     ]
     cfg = load_config(args.profile, None, over)
-    run_dir = out / "warm_start" if seed == own_seed else out / f"world{seed}"
-    eval_dir = out / "eval" if seed == own_seed else out / f"world{seed}" / "eval"
+    run_dir, eval_dir = eval_dirs(out, seed, own_seed)
     if (eval_dir / "headline.json").is_file():
         return read_headline(eval_dir)
     print(f"evaluating {[a[0] for a in agents]} on world {seed} at N={args.eval_objectives}")
@@ -259,6 +258,19 @@ def evaluate(args, out: Path, agents, seed: int, own_seed: int) -> dict:
         teacher=not args.no_teacher, objectives=tuple(args.eval_objectives),
     )  # fmt: skip
     return read_headline(eval_dir)
+
+
+def eval_dirs(out: Path, seed: int, own_seed: int) -> tuple[Path, Path]:
+    """(run directory, evaluation directory) of world `seed`'s evaluation. The run's own world
+    is evaluated in its warm start's directory (its world, indexes and test tasks already
+    there) unless that is a link (--init, --reuse): the evaluation writes its test tasks into
+    its run directory, so another run's is never it; that world gets a directory of its own,
+    as every other world does (its tasks the same: they are drawn from the config)."""
+    own = seed == own_seed
+    run_dir = out / (
+        f"world{seed}" if not own or (out / "warm_start").is_symlink() else "warm_start"
+    )
+    return run_dir, out / "eval" if own else out / f"world{seed}" / "eval"
 
 
 def read_curve(run_dir: Path) -> list[dict]:

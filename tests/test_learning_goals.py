@@ -233,3 +233,16 @@ def test_eval_agents_beyond_the_arms_fail_before_any_training(learning, tmp_path
     assert e.value.code == 2 and "truncate-ppo" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
     assert learning.agent_names(["full-ppo"]) == {"warm-start", "full-ppo", "truncate-ppo"}
+
+
+def test_an_evaluation_never_writes_into_a_linked_run(learning, tmp_path):
+    """The run's own world is evaluated in its warm start's directory, unless that directory
+    is another run's (linked by --init or --reuse): then in one of its own, like any world."""
+    own, linked, other = tmp_path / "own", tmp_path / "linked", tmp_path / "other"
+    (own / "warm_start").mkdir(parents=True)
+    (other / "warm_start").mkdir(parents=True)
+    linked.mkdir()
+    (linked / "warm_start").symlink_to(other / "warm_start")
+    assert learning.eval_dirs(own, 0, 0) == (own / "warm_start", own / "eval")
+    assert learning.eval_dirs(linked, 0, 0) == (linked / "world0", linked / "eval")
+    assert learning.eval_dirs(own, 4242, 0) == (own / "world4242", own / "world4242" / "eval")
