@@ -107,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         walls[f"evaluation, world {seed}"] = time.perf_counter() - t0
     curves = {
         name: read_curve(out / sub)
-        for name, sub in (("mem1-ppo", "ppo_mem1"), ("full-ppo", "ppo_full"))
-        if (out / sub / "metrics.jsonl").is_file()
+        for name, (sub, key) in arm_dirs().items()
+        if key == "iteration" and (out / sub / "metrics.jsonl").is_file()
     }
     report(cfg, evals, curves, walls)
     checked = goals(evals, cfg.world.seed, cfg.data.train_objectives)
@@ -177,15 +177,16 @@ def train_arms(cfg, out: Path, args) -> dict[str, float]:
     else:
         timed("warm start", train_sft, cfg, warm, warm_start=True, resume=True)
     init = resolve_init(warm)
+    dirs = arm_dirs()
     for arm, memory in (("mem1-ppo", "mem1"), ("full-ppo", "full")):
-        d = out / ARM_DIRS[arm][0]
+        d = out / dirs[arm][0]
         if arm in args.arms and not finished(d, cfg.ppo.iterations):
             arm_cfg = replace(cfg, rollout=replace(cfg.rollout, memory=memory))
             timed(arm, train_rl, arm_cfg, d, resume=d.exists(), init=init, use_ray=not args.no_ray)
     if "mem1-sft" in args.arms:
         # the faithful teacher's N=train_objectives trajectories, sft.steps of them
         timed(
-            "mem1-sft", train_sft, cfg, out / "sft_mem1",
+            "mem1-sft", train_sft, cfg, out / dirs["mem1-sft"][0],
             objectives=cfg.data.train_objectives, init=init, assets_dir=warm, resume=True,
         )  # fmt: skip
     return walls
@@ -202,17 +203,25 @@ def finished(run_dir: Path, count: int, key: str = "iteration") -> bool:
     return bool(rows) and "stopped_by" in rows[-1] and done >= count
 
 
-ARM_DIRS = {"mem1-ppo": ("ppo_mem1", "iteration"), "full-ppo": ("ppo_full", "iteration"),
-            "mem1-sft": ("sft_mem1", "step")}  # fmt: skip
-"""Each arm's run directory and the metrics key its count is in."""
+def arm_dirs() -> dict[str, tuple[str, str]]:
+    """Each arm's run directory, the pipeline's (mem1_core.evaluation.stage.TRAINED_AGENTS),
+    and the metrics key its count is in (an SFT arm counts steps, a PPO arm iterations)."""
+    from mem1_core.evaluation.stage import TRAINED_AGENTS
+
+    return {
+        name: (sub, "step" if name == "mem1-sft" else "iteration")
+        for name, sub, _ in TRAINED_AGENTS
+        if name in ARMS
+    }
 
 
 def link_finished(cfg, src: Path, out: Path, arms: list[str]) -> None:
     """--reuse: link `src`'s arms into `out` (its warm start goes in as --init), each of them
     finished under this run's counts; an arm stopped early would be evaluated unfinished."""
     out.mkdir(parents=True, exist_ok=True)
+    dirs = arm_dirs()
     for arm in arms:
-        sub, key = ARM_DIRS[arm]
+        sub, key = dirs[arm]
         count = cfg.sft.steps if key == "step" else cfg.ppo.iterations
         if not finished(src / sub, count, key) or (
             key == "step" and not (src / sub / "result.json").is_file()
