@@ -330,7 +330,8 @@ def goal_figures(h: dict, n_train: int) -> list[dict]:
     Bars: an EM difference must exceed `k` of its standard errors ("above": 2, the issue's
     explicit 3 for MEM1-PPO over its warm start), the paired error where the headline has both
     agents' per-task scores (they played the same tasks), else the independent one; the
-    peak-token ratio must be at most 0.3."""
+    peak-token ratio must be at most 0.3 (`bar` as text, `bar_kind` "se" or "at_most" and
+    `bar_at` its number)."""
     from mem1_core.evaluation.headline import (
         COMPARISONS,
         FULL,
@@ -367,7 +368,7 @@ def goal_figures(h: dict, n_train: int) -> list[dict]:
             wants = f"≤ {bar:g}"
         rows.append(
             {"key": f"{comp.name}@{n}", "label": comp.label, "N": n, "a": a, "b": b,
-             "bar": wants, **got, "met": met}
+             "bar": wants, "bar_kind": kind, "bar_at": bar, **got, "met": met}
         )  # fmt: skip
     return rows
 
@@ -486,13 +487,13 @@ def goal_bars(checked: list[dict], own_seed: int) -> list[tuple[str, float, dict
     not in SE, is not among them."""
     out = []
     for r in checked:
-        if not r["bar"].endswith("SE"):
+        if r["bar_kind"] != "se":
             continue
         per_world = {str(own_seed): r, **{s: o for s, o in r["worlds"].items() if o}}
         counted = {s: (o["value"], _bar_se(o)) for s, o in per_world.items()}
         short = _GOAL_SHORT.get(r["key"].split("@")[0], r["label"].split(",")[0])
         out.append((
-            f"{short}\nN={r['N']}", float(r["bar"].split()[1]),
+            f"{short}\nN={r['N']}", r["bar_at"],
             {s: v / se for s, (v, se) in counted.items() if se},
         ))  # fmt: skip
     return out
