@@ -232,9 +232,13 @@ def link_finished(cfg, src: Path, out: Path, arms: list[str]) -> None:
 
 
 def agent_names(arms: list[str]) -> set[str]:
-    """The agents a run of these arms evaluates: the warm start, each arm, and the full-context
-    arm's policy under a truncated context."""
-    return {"warm-start", *arms} | ({"truncate-ppo"} if "full-ppo" in arms else set())
+    """The agents a run of these arms evaluates: every pipeline agent whose policy is the warm
+    start's or one of these arms' (the full-context arm's also under a truncated context)."""
+    from mem1_core.evaluation.stage import TRAINED_AGENTS
+    from mem1_core.runs.layout import WARM_START
+
+    dirs = {WARM_START, *(sub for arm, (sub, _) in arm_dirs().items() if arm in arms)}
+    return {name for name, sub, _ in TRAINED_AGENTS if sub in dirs}
 
 
 def trained(out: Path, arms: list[str]) -> list[tuple[str, str, str]]:
