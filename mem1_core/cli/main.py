@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "mem1_core.cli.commands.compare",
     "mem1_core.cli.commands.show",
     "mem1_core.cli.commands.bench",
+    "mem1_core.cli.commands.config",
 ]
 
 

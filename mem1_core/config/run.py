@@ -22,6 +22,7 @@ class Config(Section):
     """One run's whole configuration."""
 
     profile: str = "tiny"
+    """The profile whose YAML file (`data/profiles/NAME.yaml`) set the sections' defaults."""
     world: WorldConfig = field(default_factory=WorldConfig)
     data: DataConfig = field(default_factory=DataConfig)
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)

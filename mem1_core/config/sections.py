@@ -25,10 +25,15 @@ class WorldConfig(Section):
     seed: int = 0
     """Seed for names, relations, phrasing and the split."""
     n_countries: int = 24
+    """Countries in the world (each has a capital among the cities)."""
     n_cities: int = 160
+    """Cities (at least one per country)."""
     n_people: int = 1600
+    """People: the subjects of most questions."""
     n_orgs: int = 320
+    """Organisations."""
     n_works: int = 640
+    """Works (each with a kind, a creator and a year)."""
     near_duplicate_fraction: float = 0.15
     """Chance that an entity gets a sibling whose name differs in one syllable (a distractor)."""
     test_fraction: float = 0.25
@@ -60,6 +65,7 @@ class DataConfig(Section):
     split). None: the `validation` split of `hotpotqa`; required when `hotpotqa` is a file,
     which has no splits."""
     hotpotqa_config: str = "distractor"
+    """The hub config of HotpotQA (`distractor` or `fullwiki`) for a hub name or snapshot."""
     nq: str = "nq_open"
     """The training questions: a hub dataset name (`nq_open`; its `train` split), a local
     snapshot directory of one, or a local file in FlashRAG's row format (`train.jsonl`)."""
@@ -69,10 +75,14 @@ class DataConfig(Section):
     train_objectives: int = 2
     """N of the training tasks (the paper trains on 2-objective tasks)."""
     eval_objectives: tuple[int, ...] = (1, 2, 4, 8, 16)
+    """N of the test tasks the evaluation scores (the paper: 1 to 16)."""
     mode: str = "per_source"
     """`per_source` (consecutive questions of one source, as the paper) or `mixed`."""
     seed: int = 0
+    """Seed of the composition (`mixed` mode's shuffle) and of each PPO iteration's draw of
+    training tasks."""
     max_train_tasks: int | None = None
+    """Cap on the composed training tasks (None: every question is used)."""
     max_eval_tasks: int | None = 16
     """Test tasks per N (a cap), unless `eval_objectives_per_n` is set."""
     eval_objectives_per_n: int | None = None
@@ -129,6 +139,8 @@ class RetrievalConfig(Section):
     topk: int = 3
     """Passages returned per query as one `<info>` block."""
     encoder: str = "intfloat/e5-base-v2"
+    """The dense index's encoder when the run builds one (a hub name or a local directory);
+    a prebuilt index uses the encoder its manifest names."""
     corpus: str | None = None
     """Corpus path for non-world sources (Search-R1 JSONL or corpus Parquet); the run builds
     an index of it once (under its `indexes/`, reused by fingerprint)."""
@@ -166,18 +178,24 @@ class ModelConfig(Section):
     tokenizer_vocab: int = 3000
     """Vocabulary of the locally trained tiny tokenizer."""
     hidden_size: int = 128
+    """The tiny model built from config (no `name_or_path`, no `base`): hidden width."""
     num_layers: int = 3
+    """The tiny model: decoder layers."""
     num_heads: int = 4
+    """The tiny model: attention heads (a divisor of hidden_size)."""
     num_kv_heads: int = 2
+    """The tiny model: key/value heads (grouped-query attention; a divisor of num_heads)."""
     intermediate_size: int = 384
+    """The tiny model: width of the MLP."""
     max_positions: int = 4096
+    """The tiny model: longest position it can encode."""
     dtype: str = "float32"
     """The weights' dtype: `float32` on CPU; `bfloat16` on GPU."""
     autocast: str | None = None
     """Compute in this dtype under torch.autocast over the weights in `dtype`: generation (the
     HF backend), SFT and the PPO learner. `bfloat16` on a CPU with AVX512-BF16 (the `smol`
-    profile: SmolLM2 generates 2.5x and trains 2.8x faster than in float32, README "A real
-    LLM on the CPU"). None: compute in `dtype`."""
+    profile: SmolLM2 generates 2.5x and trains 2.8x faster than in float32). None: compute
+    in `dtype`."""
     attn: str = "sdpa"
     """Attention for the dense path: `sdpa` (boolean masks), `eager` (0/-inf float masks), or
     `flex_attention` (GPU training path, BlockMask)."""
@@ -192,6 +210,7 @@ class ModelConfig(Section):
     tokens, so FlexAttention compiles once per bucket, not once per length. None: 128 (the
     BlockMask block size) under `flex_attention`, 1 otherwise. Padding changes no result."""
     seed: int = 0
+    """Seed of the model's initial weights, the rollouts' sampling and the minibatch shuffles."""
 
     @property
     def seq_bucket_tokens(self) -> int:
@@ -230,19 +249,21 @@ class RolloutConfig(Section):
     """Wrap the task prompt in the tokenizer's chat template (the prompt as the user's message,
     the assistant's turn opened; turns and `<info>` blocks continue that message). For an
     instruction-tuned model (the `smol` profile); a raw prompt is continued as plain text
-    (SmolLM2 then writes more questions: README, "A real LLM"). Needs a tokenizer with a
-    template."""
+    (SmolLM2 then writes more questions). Needs a tokenizer with a template."""
     truncate_turns: int = 2
     """`truncate`: how many of the last turns stay in context."""
     turns_base: int = 2
+    """See turns_per_objective."""
     turns_per_objective: int = 2
     """The turn budget is turns_base + turns_per_objective * N (6 turns at N=2, as the paper)."""
     gen_tokens_base: int = 48
+    """See gen_tokens_per_objective."""
     gen_tokens_per_objective: int = 12
     """Tokens one turn may generate: base + per_objective * N (the <IS> grows with N)."""
     temperature: float = 1.0
     """Sampling temperature for training rollouts (evaluation is greedy)."""
     top_p: float = 1.0
+    """Nucleus sampling for training rollouts (1.0: off)."""
     batch_size: int = 64
     """Trajectories generated together (the KV-cached batch; `hf` only, vLLM schedules its own)."""
     backend: str = "hf"
@@ -295,20 +316,21 @@ class TeacherConfig(Section):
     in the `<IS>` (a memory-consolidation lapse; mem1_core.rollout.teacher). SFT copies the habit; RL
     on the task reward can unlearn it (MEM1 §5.4)."""
     counting: bool = False
-    """The state counts (issue 27): `Next: Q3 of 8.` while questions remain and `Done: 8 of
+    """The state counts: `Next: Q3 of 8.` while questions remain and `Done: 8 of
     8.` before the answer, the N copied from the prompt's last line. Off: `Next: Q3.` and no
     count, the format every shipped model learned. What it is for: a model shown N <= 2 that
     learns "answer after two" stops early at N = 8; a count in the state makes the stopping
     rule an equality it reads ("2 of 2"), the same at every N."""
     slots: bool = False
-    """The state lists every question from the first turn (issue 27): `Q3: pending.` until
+    """The state lists every question from the first turn: `Q3: pending.` until
     its first lookup, then what was found, as before. Off: the state lists only what was
     found. What it is for: without it, "Q1: a. Q2: b." at N = 8 reads as a finished N = 2
     state, and a model shown N <= 2 answers there; with it the stopping rule is "no question
-    pending", the same check at every N, with no count to keep. Measured with SmolLM2 (README,
-    issue 27): no better than the plain state; the warm start writes as many slots as it was
+    pending", the same check at every N, with no count to keep. Measured with SmolLM2: no
+    better than the plain state; the warm start writes as many slots as it was
     trained on, not as many as the prompt has questions."""
     seed: int = 0
+    """Seed of the teacher's scripted lapses (`error_rate`, `forget_rate`)."""
 
     def __post_init__(self) -> None:
         for name in ("error_rate", "forget_rate"):

@@ -25,12 +25,12 @@ class SFTConfig(Section):
     """N of the teacher trajectories of the warm start (the tag format, and `;` between the
     answers of several questions: from N=1 alone the tiny model does not generalise to N=2,
     measured 1/32 tasks at N=2, so PPO would start with no reward at all; nor does SmolLM2,
-    which then answers only the first question and whose PPO samples never find the `;`,
-    README, "With a real LLM"). An N given k times gets k shares of the `n_teacher_tasks`:
+    which then answers only the first question and whose PPO samples never find the `;`).
+    An N given k times gets k shares of the `n_teacher_tasks`:
     (1, 1, 1, 2) is three N=1 trajectories to each N=2."""
     warm_start_minutes: float = 20.0
     """Cap on the warm start's training minutes: it stops a run far slower than planned, with a
-    warning and `stopped_by: minutes` in its result (issue 28)."""
+    warning and `stopped_by: minutes` in its result."""
     warm_start_steps: int = 100000
     """Length of the warm start in steps: it decides (the lr schedule and the evaluations are
     laid out over it), so a busy machine trains the same model, only later."""
@@ -39,7 +39,10 @@ class SFTConfig(Section):
     steps: int = 100000
     """Length of the SFT arm in steps (on train_objectives-objective tasks); it decides."""
     lr: float = 2e-3
+    """Peak learning rate of AdamW (2e-3 suits the tiny model from scratch; a pretrained
+    model wants ~1e-4, as the `smol` profile sets)."""
     warmup_steps: int = 50
+    """Linear warm-up steps before the cosine decay."""
     batch_size: int = 16
     """Trajectories per step (each a flattened tree)."""
     n_teacher_tasks: int = 4000
@@ -54,7 +57,9 @@ class SFTConfig(Section):
     extra worlds' trajectories (never the run's own world, whose <info> can show held-out
     entities): the pretraining a base model brings, which teaches copying."""
     weight_decay: float = 0.0
+    """AdamW's decoupled weight decay."""
     grad_clip: float = 1.0
+    """Clip the gradient norm to this before a step."""
     eval_tasks: int = 32
     """Held-out tasks (greedy) scored before, during and after an SFT stage; 0 turns those
     evaluations off (at 135M parameters on a CPU each costs minutes)."""
@@ -74,12 +79,12 @@ GSPO_CLIP_RANGE = (3e-4, 4e-4)
 @dataclass(frozen=True)
 class PPOConfig(Section):
     """PPO / GRPO over masked trajectories (the paper's defaults where they apply). The RL
-    toolbox of issue 17 keeps verl's names and meanings (README, "Training"); the names of
+    toolbox keeps verl's names and meanings; the names of
     each family of methods are their registries' (mem1_core.config.methods)."""
 
     # -- Parameters that control the length of the run, its checkpoints and evaluations --
     iterations: int = 1000
-    """Length of a run in iterations (rollout + update): it decides (issue 28)."""
+    """Length of a run in iterations (rollout + update): it decides."""
     minutes: float = 8.0
     """Cap on a run's minutes: it stops a run far slower than planned, with a warning and
     `stopped_by: minutes` in its last metrics row."""
@@ -90,7 +95,7 @@ class PPOConfig(Section):
     eval_objectives: tuple[int, ...] = ()
     """More N for those evaluations, beside `data.train_objectives` (`eval/reward`): each
     adds `eval/n{N}/...` to metrics.jsonl on `data.eval_tasks(N)` test tasks, so a run draws
-    its held-out curve at task lengths it never trained on (issue 27)."""
+    its held-out curve at task lengths it never trained on."""
     max_nonfinite_in_row: int = 3
     """Stop with an error after this many skipped (non-finite) updates in a row."""
 
@@ -100,7 +105,7 @@ class PPOConfig(Section):
     samples_per_task: int = 1
     """Trajectories per task: GRPO needs several (a group); PPO uses 1."""
     overlap_rollouts: bool = False
-    """Beyond the paper (issue 17): roll out iteration k+1 while the learner runs iteration k's
+    """Beyond the paper: roll out iteration k+1 while the learner runs iteration k's
     update, as verl's one-step off-policy recipe and AReaL's asynchronous RL do (AReaL with a
     staleness bound of 1). Iteration k+1 then trains on samples of the policy before update k,
     one update stale (`rollout_staleness` in metrics.jsonl), so it needs `rollout_is`: the
@@ -373,14 +378,18 @@ class PretrainConfig(Section):
 
     steps: int = 5300
     """Length of the pretraining in optimiser steps: it decides, and the lr schedule is cosine
-    over it (issue 28). The shipped base took 5,289 (data/base/manifest.json)."""
+    over it. The shipped base took 5,289 (data/base/manifest.json)."""
     minutes: float = 300.0
     """Cap on its minutes: it stops a run far slower than planned, with a warning and
     `stopped_by: minutes` in the manifest and the last metrics row."""
     lr: float = 2e-3
+    """Peak learning rate of AdamW."""
     warmup_fraction: float = 0.03
+    """Fraction of `steps` spent warming up before the cosine decay."""
     weight_decay: float = 0.0
+    """AdamW's decoupled weight decay."""
     grad_clip: float = 1.0
+    """Clip the gradient norm to this before a step."""
     batch_size: int = 16
     """Teacher trajectories (flattened trees) per step."""
     text_batch_size: int = 4
@@ -388,14 +397,17 @@ class PretrainConfig(Section):
     text_len: int = 384
     """Tokens per text row: positions well past a 2-objective context."""
     text_weight: float = 0.5
+    """Weight of the next-token loss on the text rows (documents and drills)."""
     context_weight: float = 0.3
     """Weight of the next-token loss on the teacher trajectories' prompt and <info> tokens."""
     objectives: tuple[int, ...] = (1, 2)
     """N of the teacher's tasks. Never above 2, so N >= 4 measures generalisation."""
     memories: tuple[str, ...] = ("mem1", "full")
+    """Memory policies of the teacher's trajectories."""
     tasks_per_world: int = 300
     """Tasks per N (and per memory) the teacher plays in each fresh world."""
     drills_per_world: int = 400
+    """List drills per world (numbered fact lists carried from one `<IS>` to the next)."""
     drill_max_facts: int = 16
     """Longest list of the list drills and the question-list drills."""
     question_drills_per_world: int = 400
@@ -410,7 +422,9 @@ class PretrainConfig(Section):
     eval_world_seeds: tuple[int, ...] = (0,)
     """Held-out worlds (the `tiny` evaluation world is seed 0; no round trains on it)."""
     eval_objectives: tuple[int, ...] = (1, 2, 4)
+    """N of the held-out evaluations."""
     eval_tasks: int = 32
+    """Held-out tasks per N in each evaluation."""
     eval_every: int = 250
     """Held-out evaluation every this many steps (and at the end)."""
     eval_every_minutes: float | None = None
