@@ -17,7 +17,6 @@ the run directory:
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +31,8 @@ from flows.common import (
     publish_table,
     stage_run_name,
 )
-from mem1_core.deprecated import moved_names
 from mem1_core.runs.host_memory import release_freed_memory
 from mem1_core.runs.layout import EVAL, PPO_FULL, PPO_MEM1, SFT_MEM1, WARM_START
-
-__getattr__ = moved_names(__name__)  # old names (mem1_core.deprecated.MOVED)
 
 ROLLOUT_KEYS = ("rollout_backend", "vllm_version", "rollout_python")
 """What a PPO stage's rollout workers generated with (RolloutWorker.describe), in its table."""
@@ -89,19 +85,12 @@ def train_ppo(
     overrides: list[str] | None,
     run_dir: str,
     memory: str = "mem1",
-    policy: str | None = None,
     config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """PPO under the memory policy `memory` from the warm start. (`policy` is its old name:
-    still read, with a warning, for one release.)"""
+    """PPO under the memory policy `memory` from the warm start."""
     from mem1_core.training.sft import has_warm_start
     from mem1_core.training.train_rl import train_rl
 
-    if policy is not None:
-        message = "train-ppo-mem1: the parameter `policy` is now `memory`; `policy` will stop "
-        print(f"{message}working in the next release")  # the flow run's log
-        warnings.warn(f"{message}working in the next release", DeprecationWarning, stacklevel=2)
-        memory = policy
     cfg = build_config(profile, config_path, overrides, config, memory=memory)
     root = Path(run_dir)
     # mem1+recall is an arm of its own, not the full-context agent's directory

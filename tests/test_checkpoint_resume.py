@@ -306,15 +306,12 @@ def test_sigkill_then_resume_loses_and_duplicates_no_iteration(tmp_path, monkeyp
 
 
 def test_a_checkpoint_records_the_memory_policy_it_trained_under(tmp_path):
-    """The nightly evaluation reads the memory from the checkpoint's config.json (written
-    before the rename as rollout.policy), not from its directory's name."""
+    """The nightly evaluation reads the memory from the checkpoint's config.json, not from
+    its directory's name."""
     from mem1_core.runs.checkpoint import checkpoint_memory
 
-    new, old = tmp_path / "new", tmp_path / "old"
-    for path, rollout in ((new, {"memory": "full"}), (old, {"policy": "truncate"})):
-        path.mkdir()
-        (path / "config.json").write_text(json.dumps({"rollout": rollout}))
-    assert checkpoint_memory(new) == "full"
-    with pytest.warns(DeprecationWarning, match=r"rollout.policy is now rollout.memory"):
-        assert checkpoint_memory(old) == "truncate"
+    path = tmp_path / "ppo_mem1"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"rollout": {"memory": "full"}}))
+    assert checkpoint_memory(path) == "full"
     assert checkpoint_memory(tmp_path / "missing") is None

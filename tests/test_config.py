@@ -95,18 +95,18 @@ def test_profiles_are_the_yaml_files_in_data_profiles():
     assert {"tiny", "smoke", "paper"} <= set(profile_names())
 
 
-def test_renamed_fields_still_load_with_a_deprecation_warning(tmp_path):
-    with pytest.warns(DeprecationWarning, match=r"rollout.policy is now rollout.memory"):
-        cfg = load_config("tiny", None, ["rollout.policy=full"])
-    assert cfg.rollout.memory == "full"
+def test_a_field_in_the_wrong_section_names_the_section_that_has_it(tmp_path):
+    """Nothing is read under an old name: a field set in a section that lacks it is an error
+    that names where it is (or the nearest field), and the file or overrides holding it."""
     path = tmp_path / "old.yaml"
-    path.write_text("ppo:\n  num_rollout_workers: 3\n  learner_gpus: 0\n  actor_lr: 0.5\n")
-    with pytest.warns(DeprecationWarning, match=r"ppo.num_rollout_workers is now resources"):
-        cfg = load_config("tiny", path)
-    assert cfg.resources.num_rollout_workers == 3 and cfg.ppo.actor_lr == 0.5
-    with pytest.raises(ValueError, match="keep resources.learner_cpus"):
-        with pytest.warns(DeprecationWarning):
-            load_config("tiny", None, ["ppo.learner_cpus=2", "resources.learner_cpus=3"])
+    path.write_text("ppo:\n  num_rollout_workers: 3\n  actor_lr: 0.5\n")
+    with pytest.raises(ValueError, match=rf"config file {path}: unknown config field") as e:
+        load_config("tiny", path)
+    assert "'num_rollout_workers': it is resources.num_rollout_workers" in str(e.value)
+    with pytest.raises(ValueError, match=r"--set overrides: .*\['policy'\] in rollout.*'memory'"):
+        load_config("tiny", None, ["rollout.policy=full"])
+    with pytest.raises(ValueError, match=r"'eval_every_minutes': did you mean 'eval_every'"):
+        load_config("tiny", None, ["pretrain.eval_every_minutes=10"])
 
 
 def test_rl_toolbox_defaults_and_verl_meanings():
@@ -161,16 +161,3 @@ def test_trainer_shorthands_set_the_estimator_before_the_users_overrides():
     assert (grpo.adv_estimator, grpo.samples_per_task, grpo.kl_in_loss) == ("grpo", 4, True)
     rloo = load_config("smoke", None, [*TRAINER_DEFAULTS["grpo"], "ppo.adv_estimator=rloo"])
     assert (rloo.ppo.adv_estimator, rloo.ppo.samples_per_task) == ("rloo", 4)
-
-
-def test_every_moved_name_still_imports_with_a_warning_naming_its_replacement():
-    import importlib
-
-    from mem1_core.deprecated import MOVED, REMOVED_IN
-
-    for old, new in MOVED.items():
-        old_module, _, old_name = old.rpartition(".")
-        new_module, _, new_name = new.rpartition(".")
-        with pytest.warns(DeprecationWarning, match=f"is now {new}.*until {REMOVED_IN}"):
-            got = getattr(importlib.import_module(old_module), old_name)
-        assert got is getattr(importlib.import_module(new_module), new_name)

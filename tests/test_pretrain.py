@@ -167,7 +167,7 @@ def test_held_out_series_is_each_n_in_step_order_with_its_standard_error():
 
 def test_pretraining_stops_at_its_minute_cap_with_a_warning_and_says_so(tmp_path, caplog):
     """pretrain.minutes is a cap (issue 28): a run slower than planned stops there, warns,
-    and records `stopped_by: minutes`; the deprecated clock interval still reads, warned."""
+    and records `stopped_by: minutes`."""
     from mem1_core.config import load_config
     from mem1_core.training.pretrain import pretrain
 
@@ -176,6 +176,3 @@ def test_pretraining_stops_at_its_minute_cap_with_a_warning_and_says_so(tmp_path
         got = pretrain(load_config("smoke", overrides=small), tmp_path / "a", progress=False)
     assert got["stopped_by"] == "minutes" and got["steps"] < 1000
     assert "cap stopped it after" in caplog.text
-    with pytest.warns(DeprecationWarning, match="pretrain.eval_every_minutes is deprecated"):
-        cfg = load_config("smoke", overrides=["pretrain.eval_every_minutes=10"])
-    assert cfg.pretrain.eval_every_minutes == 10.0

@@ -105,23 +105,6 @@ def test_an_old_run_without_headline_json_still_renders(tmp_path):
     assert "mem1-ppo" in headline_text(h) and "MEM1 − full context" in headline_text(h)
 
 
-def test_the_old_table_functions_warn_and_render_the_one_headline():
-    from mem1_core.evaluation import report, scaling
-
-    with pytest.deprecated_call():
-        assert report.headline_rows(_table()) == agent_rows(build_headline(_table()))
-    with pytest.deprecated_call():
-        assert report.paper_ratios(_table()) == comparison_rows(build_headline(_table()))
-    with pytest.deprecated_call():
-        assert scaling.headline(_table()) == build_headline(_table())["cells"]
-    with pytest.deprecated_call():
-        old = scaling.ratios(_table(), "mem1-ppo", "full-ppo")
-    assert old["mem1_over_full_peak_at_nmax"] == pytest.approx(300 / 16000)
-    assert old["mem1_peak_nmax_over_n1"] == pytest.approx(1.0) and old["n_max"] == 16
-    with pytest.deprecated_call():
-        assert report.headline_markdown(_table()) == headline_markdown(build_headline(_table()))
-
-
 def test_the_headline_markdown_holds_no_raw_python():
     md = headline_markdown(build_headline(_table()))
     assert "{'" not in md and "Ratios:" not in md

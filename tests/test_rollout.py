@@ -79,23 +79,6 @@ def test_untrained_rollout_runs_to_the_end_and_round_trips(rollouts, policy, tmp
     assert read_trajectories(tmp_path / "t.parquet") == trajs
 
 
-def test_a_trajectory_file_from_before_the_rename_still_reads(rollouts, tmp_path):
-    """Files name the memory policy's column `memory`; one written before the rename names it
-    `policy` and still reads, with a DeprecationWarning, until mem1_core.deprecated.REMOVED_IN."""
-    import pyarrow.parquet as pq
-
-    trajs = rollouts["truncate"]
-    new = write_trajectories(trajs, tmp_path / "new.parquet")
-    table = pq.read_table(new)
-    assert "memory" in table.column_names and "policy" not in table.column_names
-    old = tmp_path / "old.parquet"
-    pq.write_table(
-        table.rename_columns(["policy" if c == "memory" else c for c in table.column_names]), old
-    )
-    with pytest.warns(DeprecationWarning, match=r"policy is now memory; .* read until"):
-        assert read_trajectories(old) == trajs
-
-
 @pytest.mark.parametrize("policy", POLICIES)
 def test_recorded_logprobs_equal_a_rerun_of_each_turns_context(rollouts, model, policy):
     for traj in rollouts[policy]:

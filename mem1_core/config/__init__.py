@@ -12,7 +12,7 @@ builds it from the same pieces.
   pretrain;
 - evaluation.py: eval (the evaluation's scorer);
 - run.py: `Config`, all of them;
-- loader.py: profiles, YAML/CLI coercion, deprecated names.
+- loader.py: profiles, YAML/CLI coercion, errors that name the field.
 """
 
 from mem1_core.config.evaluation import SCORER_NAMES, EvalConfig

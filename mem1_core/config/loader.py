@@ -5,9 +5,8 @@ The profiles are YAML files in the repository's `data/profiles/` (one per profil
 what differs from the sections' defaults). mem1 is installed editable (`pip install -e`),
 so they are found beside the package; `MEM1_PROFILES` names another folder.
 
-Renamed fields keep loading for one release, with a DeprecationWarning that names the new
-one (`DEPRECATED`): `rollout.policy` is `rollout.memory`; the Ray placement fields of `ppo`
-are the `resources` section.
+A field the sections do not have is an error that names the nearest known field, or the
+section that has a field of that name (`ppo.num_rollout_workers`: a field of `resources`).
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ import json
 import os
 import types
 import typing
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -29,24 +27,6 @@ from mem1_core.config.run import Config
 
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "data" / "profiles"
 """The repository's `data/profiles/` (overridden by the `MEM1_PROFILES` environment variable)."""
-
-DEPRECATED: dict[tuple[str, str], tuple[str, str]] = {
-    ("rollout", "policy"): ("rollout", "memory"),
-    **{
-        ("ppo", name): ("resources", name)
-        for name in (
-            "num_rollout_workers",
-            "cpus_per_worker",
-            "gpus_per_worker",
-            "learner_cpus",
-            "learner_gpus",
-            "learner_ranks",
-            "ray_address",
-            "learner_strategy",
-        )
-    },
-}
-"""Old (section, field) -> new (section, field); the old names are read with a warning."""
 
 
 def profiles_dir() -> Path:
@@ -76,30 +56,6 @@ def _read_mapping(path: str | Path) -> dict[str, Any]:
     if not isinstance(loaded, dict):
         raise ValueError(f"{path}: the config file must be a mapping of sections")
     return loaded
-
-
-def upgrade(values: dict[str, Any], where: str) -> dict[str, Any]:
-    """`values` with every deprecated field moved to its new name (warning once per field)."""
-    out = {k: dict(v) if isinstance(v, dict) else v for k, v in values.items()}
-    for (old_section, old), (new_section, new) in DEPRECATED.items():
-        section = out.get(old_section)
-        if not isinstance(section, dict) or old not in section:
-            continue
-        warnings.warn(
-            f"{where}: {old_section}.{old} is now {new_section}.{new}; the old name will stop "
-            "working in the next release",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        value = section.pop(old)
-        target = out.setdefault(new_section, {})
-        if new in target and target[new] != value:
-            raise ValueError(
-                f"{where}: both {old_section}.{old} and {new_section}.{new} are set; keep "
-                f"{new_section}.{new}"
-            )
-        target[new] = value
-    return out
 
 
 def _coerce(tp: Any, value: Any, where: str) -> Any:
@@ -150,14 +106,30 @@ def _build(cls: type, values: dict[str, Any], where: str = "") -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = set(values) - names
     if unknown:
-        near = {u: difflib.get_close_matches(u, names, n=1) for u in sorted(unknown)}
-        hints = "".join(f" ({u!r}: did you mean {m[0]!r}?)" for u, m in near.items() if m)
+        hints = ""
+        for u in sorted(unknown):
+            # a field of another section first: a near name here would mislead
+            elsewhere = [f"{s}.{u}" for s in _sections_with(u)]
+            near = difflib.get_close_matches(u, names, n=1)
+            if elsewhere:
+                hints += f" ({u!r}: it is {' or '.join(elsewhere)})"
+            elif near:
+                hints += f" ({u!r}: did you mean {near[0]!r}?)"
         raise ValueError(
             f"unknown config field(s) {sorted(unknown)} in {where or 'config'}{hints}; "
             f"known: {sorted(names)}"
         )
     kwargs = {k: _coerce(hints[k], v, f"{where}.{k}".lstrip(".")) for k, v in values.items()}
     return cls(**kwargs)
+
+
+def _sections_with(name: str) -> list[str]:
+    """The sections of Config that have a field `name` (where a misplaced field belongs)."""
+    return [
+        section
+        for section, tp in typing.get_type_hints(Config).items()
+        if dataclasses.is_dataclass(tp) and name in {f.name for f in dataclasses.fields(tp)}
+    ]
 
 
 def _merge(base: dict, extra: dict) -> dict:
@@ -191,20 +163,20 @@ def load_config(
     file or the overrides names which of them holds the bad value."""
     values: dict[str, Any] = _merge({"profile": profile}, profile_values(profile))
     if path is not None:
-        loaded = upgrade(_read_mapping(path), str(path))
+        loaded = _read_mapping(path)
         loaded.pop("profile", None)
         values = _merge(values, loaded)
         _build_from(values, f"config file {path}")  # built once here to name the file
     extra = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
-    values = _merge(values, upgrade(extra, "overrides"))
+    values = _merge(values, extra)
     return _build_from(values, "--set overrides" if extra else None)
 
 
 def config_from_dict(values: dict[str, Any]) -> Config:
     """A config from its resolved values (`Config.to_dict()`, `config_json`, a run's
     run.json): how a parent flow hands the config it built once to its stages, which then
-    build nothing from the profile again (issue 29). Old names read as in load_config."""
-    return _build_from(upgrade(copy.deepcopy(dict(values)), "config"), "config")
+    build nothing from the profile again."""
+    return _build_from(copy.deepcopy(dict(values)), "config")
 
 
 def _build_from(values: dict[str, Any], source: str | None) -> Config:

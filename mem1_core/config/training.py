@@ -14,7 +14,6 @@ from mem1_core.config.methods import (
     ROLLOUT_IS_LEVELS,
 )
 from mem1_core.config.sections import MEMORIES, Section
-from mem1_core.deprecated import warn_retired
 
 
 @dataclass(frozen=True)
@@ -427,9 +426,6 @@ class PretrainConfig(Section):
     """Held-out tasks per N in each evaluation."""
     eval_every: int = 250
     """Held-out evaluation every this many steps (and at the end)."""
-    eval_every_minutes: float | None = None
-    """Deprecated (read until mem1_core.deprecated.REMOVED_IN): held-out evaluations on a
-    clock, the behaviour before the counts decided; set, it replaces `eval_every`."""
     init: str | None = None
     """Continue from this base (a directory with `manifest.json`: its weights and tokenizer,
     not its optimiser) instead of random weights: teaching an existing base a changed format
@@ -439,8 +435,6 @@ class PretrainConfig(Section):
     def __post_init__(self) -> None:
         if self.steps < 1 or self.eval_every < 1 or self.minutes <= 0:
             raise ValueError("pretrain.steps and pretrain.eval_every must be >= 1, minutes > 0")
-        if self.eval_every_minutes is not None:
-            warn_retired("pretrain.eval_every_minutes")
         if any(n > 2 or n < 1 for n in self.objectives):
             raise ValueError(
                 "pretrain.objectives must be 1 or 2: the base sees no multi-objective task "

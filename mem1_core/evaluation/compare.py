@@ -15,13 +15,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from mem1_core.deprecated import moved_names
 from mem1_core.evaluation.headline import cells_table, read_headline
 from mem1_core.evaluation.report import pm
 from mem1_core.runs import atomic
 from mem1_core.runs.layout import EVAL
-
-__getattr__ = moved_names(__name__)  # old names (mem1_core.deprecated.MOVED)
 
 TREND_COLUMNS = [
     "night",

@@ -10,18 +10,9 @@ from __future__ import annotations
 
 import base64
 import math
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-import pandas as pd
-
-from mem1_core.evaluation.headline import FULL, MEM1, SFT, build_headline  # noqa: F401
-
-BASE = "warm-start"
-"""Kept, with MEM1, FULL and SFT (re-exported from mem1_core.evaluation.headline), for one
-release: the agent names this module used to define."""
 
 
 def decimals(se: float) -> int:
@@ -125,9 +116,7 @@ def image_markdown(path: str | Path, alt: str) -> str:
 def headline_markdown(
     headline: Mapping[str, Any], plots: Mapping[str, str | Path] | None = None
 ) -> str:
-    """The headline section of `summary.md` and the `mem1-headline` artifact. (A DataFrame
-    in place of the headline, the old signature, still works for one release.)"""
-    headline = _headline_of(headline, "headline_markdown")
+    """The headline section of `summary.md` and the `mem1-headline` artifact."""
     parts = [
         "## Agents × N\n\n",
         scorer_line(headline) + "\n\n",
@@ -148,29 +137,3 @@ def headline_text(headline: Mapping[str, Any]) -> str:
     if headline["comparisons"]:
         text += "\n" + text_table(comparison_rows(headline))
     return text
-
-
-# ---- deprecated: the headline computed from a table, in several places ----------------------
-
-
-def _headline_of(x: Any, name: str) -> Mapping[str, Any]:
-    if isinstance(x, pd.DataFrame):
-        warnings.warn(
-            f"{name}(table) is deprecated: pass the headline "
-            "(mem1_core.evaluation.headline.build_headline / read_headline); the table will stop "
-            "working in the next release",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        return build_headline(x)
-    return x
-
-
-def headline_rows(table: pd.DataFrame) -> list[dict[str, str]]:
-    """Deprecated: `agent_rows(build_headline(table))`."""
-    return agent_rows(_headline_of(table, "headline_rows"))
-
-
-def paper_ratios(table: pd.DataFrame) -> list[dict[str, str]]:
-    """Deprecated: `comparison_rows(build_headline(table))` (now at every N)."""
-    return comparison_rows(_headline_of(table, "paper_ratios"))

@@ -22,8 +22,7 @@ def run_headline(run_dir: str | Path, outputs: Mapping[str, Any]) -> dict[str, A
     """What a person reads first, for summary.json: the evaluation's headline
     (`eval_headline`, eval/headline.json; computed from eval/metrics.csv for a run written
     before it existed) and its renderings (`agents`, `comparisons`, `headline_text`), the
-    plots and where the W&B runs are. No headline keys when no evaluation ran. (`ratios`, the
-    comparison rows under their old key, goes in the next release.)"""
+    plots and where the W&B runs are. No headline keys when no evaluation ran."""
     from mem1_core.evaluation.headline import read_headline
     from mem1_core.evaluation.report import agent_rows, comparison_rows, headline_text
 
@@ -38,7 +37,7 @@ def run_headline(run_dir: str | Path, outputs: Mapping[str, Any]) -> dict[str, A
         return out
     out["eval_headline"] = headline
     out["agents"] = agent_rows(headline)
-    out["comparisons"] = out["ratios"] = comparison_rows(headline)
+    out["comparisons"] = comparison_rows(headline)
     out["headline_text"] = headline_text(headline)
     return out
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +18,6 @@ import pandas as pd  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 from mem1_core.evaluation.evaluate import run_eval  # noqa: E402
-from mem1_core.evaluation.headline import build_headline  # noqa: E402
 from mem1_core.evaluation.summary import summarize  # noqa: E402
 from mem1_core.rollout.loop import Task  # noqa: E402
 from mem1_core.runs import atomic  # noqa: E402
@@ -276,42 +274,3 @@ def read_jsonl(path: str | Path) -> list[dict]:
     if not p.exists():
         return []
     return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
-
-
-# ---- deprecated: the headline is mem1_core.evaluation.headline.build_headline -------------
-
-
-def headline(table: pd.DataFrame) -> list[dict]:
-    """Deprecated: `build_headline(table)["cells"]` (the same keys, and more)."""
-    _deprecated("headline(table)", 'build_headline(table)["cells"]')
-    return build_headline(table)["cells"]
-
-
-def ratios(table: pd.DataFrame, mem1: str, full: str) -> dict[str, float | None]:
-    """Deprecated: the `mem1_over_full_peak` comparison of `build_headline`, now at every N."""
-    _deprecated("ratios(table, mem1, full)", 'build_headline(table)["comparisons"]')
-    h = build_headline(table, roles={"mem1": mem1, "full": full})
-    big = h["objectives"][-1]
-    peak = {(c["agent"], c["N"]): c["peak_tokens"] for c in h["cells"]}
-    at_big = [
-        c["value"]
-        for c in h["comparisons"]
-        if c["comparison"] == "mem1_over_full_peak" and c["N"] == big
-    ]
-    small = peak.get((mem1, h["objectives"][0]))
-    return {
-        "n_max": int(big),
-        "mem1_over_full_peak_at_nmax": at_big[0] if at_big else None,
-        "mem1_peak_nmax_over_n1": peak[(mem1, big)] / small
-        if small and peak.get((mem1, big)) is not None
-        else None,
-    }
-
-
-def _deprecated(old: str, new: str) -> None:
-    warnings.warn(
-        f"mem1_core.evaluation.scaling.{old} is deprecated: use "
-        f"mem1_core.evaluation.headline.{new}; it will be removed in the next release",
-        DeprecationWarning,
-        stacklevel=3,
-    )

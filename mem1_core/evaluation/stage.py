@@ -70,8 +70,7 @@ def run_objective_scaling(
     """agents: (name, policy_dir, memory policy). Writes `out_dir`'s trajectories, metrics,
     plots, headline.json and samples/<agent>.md (mem1_core.evaluation.samples); returns the
     headline's cells (`headline`) and comparisons, and the paths. `teacher` adds the scripted
-    teacher's rows where it can play the tasks (the world's). (`ratios`, the comparisons at
-    the largest N, goes in the next release.) A rerun into the same `out_dir` resumes: cells
+    teacher's rows where it can play the tasks (the world's). A rerun into the same `out_dir` resumes: cells
     already played by the same policies under the same configuration are read back, not
     played again (evaluate_scaling's `key`)."""
     # Every agent reads with its own tokenizer: the run adopts theirs (all must agree).
@@ -117,15 +116,11 @@ def run_objective_scaling(
     headline = build_headline(
         table, cfg.eval.scorer, task_em=task_scores(out / "trajectories", table)
     )
-    big = headline["objectives"][-1]
     result = {
         "headline": headline["cells"],
         "comparisons": headline["comparisons"],
         "headline_json": str(write_headline(headline, out)),
         "scorer": cfg.eval.scorer,
-        # deprecated, for one release: the comparisons at the largest N, name -> value
-        "ratios": {"n_max": big}
-        | {c["comparison"]: c["value"] for c in headline["comparisons"] if c["N"] == big},
         "plots": {k: str(v) for k, v in plots.items()},
         "samples": {agent: str(path) for agent, path in samples.items()},
         "table": str(out / "metrics.csv"),

@@ -42,7 +42,6 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from mem1_core.deprecated import read_renamed
 from mem1_core.rl.critic import VALUE_HEAD_FILE, Critic
 from mem1_core.runs.atomic import atomic_dir, file_sha256, write_json
 from mem1_core.runs.layout import (
@@ -287,13 +286,12 @@ def _save_critic_state(critic: Critic, state: dict[str, torch.Tensor], out: Path
 
 def checkpoint_memory(path: str | Path) -> str | None:
     """The memory policy the checkpoint's run trained under, from its config.json
-    (`rollout.memory`; `rollout.policy` in checkpoints written before the rename, read until
-    mem1_core.deprecated.REMOVED_IN), or None."""
+    (`rollout.memory`), or None."""
     config = Path(path) / "config.json"
     if not config.is_file():
         return None
     rollout = json.loads(config.read_text()).get("rollout", {})
-    return read_renamed(rollout, "rollout.policy", str(config))
+    return rollout.get("memory")
 
 
 def read_state(path: str | Path) -> TrainState:

@@ -323,17 +323,9 @@ def pretrain(cfg, out_dir: str | Path, *, resume: bool = False, progress: bool =
         "pretrain", total=pcfg.steps, budget_seconds=budget, path=out / "progress.json"
     )
     t_start = time.perf_counter() - state["seconds"]
-    clock = pcfg.eval_every_minutes  # deprecated: evaluations on a clock
-    every = clock * 60.0 if clock is not None else None
-    # the next multiple of the interval: a resumed run does not catch up on missed points
-    next_eval = (
-        0.0 if not state["evals"] or every is None else (state["seconds"] // every + 1) * every
-    )
     stopped_by = "count"
 
     def due() -> bool:
-        if every is not None:
-            return elapsed() >= next_eval
         return state["step"] % pcfg.eval_every == 0 and all(
             e["step"] != state["step"] for e in state["evals"]
         )
@@ -391,8 +383,6 @@ def pretrain(cfg, out_dir: str | Path, *, resume: bool = False, progress: bool =
             save()
         if due():
             evaluate()
-            if every is not None:
-                next_eval = (elapsed() // every + 1) * every
         for g in opt.param_groups:
             g["lr"] = lr_at(state["step"] / pcfg.steps, pcfg.warmup_fraction, pcfg.lr)
         src = [s for s in pool for _ in range(1)]

@@ -51,7 +51,6 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from mem1_core.config import Config
-from mem1_core.deprecated import moved_names
 from mem1_core.evaluation.summary import training_summary
 from mem1_core.models.policy import adopt_init_tokenizer
 from mem1_core.retrieval.client import RetrieverUnavailable
@@ -74,7 +73,6 @@ from mem1_core.trajectory.record import Trajectory, write_trajectories
 
 log = logging.getLogger(__name__)
 
-__getattr__ = moved_names(__name__)  # PPO_DEFAULTS & co. live in mem1_core.config.training
 STOPPING_FAULTS = (ActorLost, DiskFull, RetrieverUnavailable)
 """Faults that stop a run with `RunStopped` (a clear line and the way to resume)."""
 

@@ -19,7 +19,6 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mem1_core.deprecated import read_renamed
 from mem1_core.evaluation.metrics import dependency, peak_tokens
 from mem1_core.runs import atomic
 from mem1_core.trajectory.tree import Segment
@@ -68,8 +67,7 @@ class Turn:
 class Trajectory:
     task_id: str
     memory: str
-    """The memory policy that built its contexts (Parquet column `memory`; `policy` in files
-    written before the rename, read until mem1_core.deprecated.REMOVED_IN)."""
+    """The memory policy that built its contexts (Parquet column `memory`)."""
     prompt_ids: list[int]
     golden_answers: list[list[str]]
     turns: list[Turn] = field(default_factory=list)
@@ -262,7 +260,7 @@ def from_table(table: pa.Table) -> list[Trajectory]:
         out.append(
             Trajectory(
                 task_id=r["task_id"],
-                memory=read_renamed(r, "policy", "a trajectory table"),
+                memory=r["memory"],
                 prompt_ids=r["prompt_ids"],
                 golden_answers=r["golden_answers"],
                 turns=turns,

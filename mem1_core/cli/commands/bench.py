@@ -60,20 +60,6 @@ _TRAJECTORY_FLAGS: dict[str, tuple[type, str]] = {
 _MANY = {"turns", "memories"}
 
 
-class _Renamed(argparse.Action):
-    """An option's old name (mem1_core.deprecated): still read, with a message on stderr."""
-
-    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001
-        from mem1_core.deprecated import MEMORY_RENAMES, REMOVED_IN
-
-        new = MEMORY_RENAMES[option_string]
-        print(
-            f"{option_string} is now {new}; the old name is read until {REMOVED_IN}",
-            file=sys.stderr,
-        )
-        setattr(namespace, self.dest, values)
-
-
 def load_benchmark(name: str) -> ModuleType:
     """The module `benchmarks.<name>` of the checkout this package is installed from."""
     if not (CHECKOUT / "benchmarks" / f"{name}.py").is_file():
@@ -90,9 +76,6 @@ def _trajectory_args(p: argparse.ArgumentParser) -> None:
     for name, (kind, help_) in _TRAJECTORY_FLAGS.items():
         flag = "--" + name.replace("_", "-")
         p.add_argument(flag, type=kind, nargs="+" if name in _MANY else None, help=help_)
-    p.add_argument(
-        "--policies", dest="memories", nargs="+", action=_Renamed, help=argparse.SUPPRESS
-    )
     p.add_argument("--no-flex", dest="flex", action="store_false", help="skip FlexAttention")
     p.add_argument("--out", default=None, help="also write the rows here as JSON lines")
 
