@@ -2,7 +2,7 @@
 server, `mem1 serve-retriever`) and synthetic trajectories of token ids.
 
 Run a benchmark as a module from the checkout (`python -m benchmarks.faults`) or as a file
-(`python benchmarks/faults.py`); either way it imports this as `benchmarks.common`.
+(`python benchmarks/gpu_check.py`); either way it imports this as `benchmarks.common`.
 """
 
 from __future__ import annotations

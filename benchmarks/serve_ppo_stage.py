@@ -1,4 +1,4 @@
-"""The fault benchmark's Prefect runner (flow_cancel in benchmarks/faults.py): serves the PPO
+"""The fault benchmark's Prefect runner (benchmarks/faults/flow_cancel.py): serves the PPO
 stage flow as the deployment `train-ppo-mem1/faults`, one flow run at a time, until stopped.
 
     python -m benchmarks.serve_ppo_stage

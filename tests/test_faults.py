@@ -1,6 +1,6 @@
 """Faults a long run meets (issue 18), the ones that fit CI's budget: a checkpoint that went
 bad on disk, a full disk at a write, the retrieval server down for a moment or for good,
-bad input files, and a rollout worker killed mid-rollout. benchmarks/faults.py injects all of
+bad input files, and a rollout worker killed mid-rollout. benchmarks/faults/ injects all of
 them (and the Prefect cancellations) into real Ray runs and measures recovery."""
 
 from __future__ import annotations
@@ -409,9 +409,10 @@ def _cmdline(pid: int) -> str:
 
 @pytest.mark.slow
 def test_the_fault_benchmark_stopped_by_sigterm_leaves_nothing_behind(tmp_path):
-    """benchmarks/faults.py stopped by SIGTERM (as `timeout` stops it) mid-run, with the SFT
-    warm start training, the Prefect server it started up and (as root) disk_full's tmpfs
-    mounted: it exits 130, no process it started is left, and nothing stays mounted."""
+    """The fault benchmark (`python -m benchmarks.faults`) stopped by SIGTERM (as `timeout`
+    stops it) mid-run, with the SFT warm start training, the Prefect server it started up and
+    (as root) disk_full's tmpfs mounted: it exits 130, no process it started is left, and
+    nothing stays mounted."""
     import subprocess
     import sys
 
@@ -420,7 +421,7 @@ def test_the_fault_benchmark_stopped_by_sigterm_leaves_nothing_behind(tmp_path):
     root = Path(__file__).resolve().parents[1]
     work, log = tmp_path / "work", tmp_path / "faults.log"
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}  # its own server
-    cmd = [sys.executable, str(root / "benchmarks" / "faults.py"), "--work", str(work)]
+    cmd = [sys.executable, "-m", "benchmarks.faults", "--work", str(work)]
     cmd += ["--only", "disk_full", "flow_cancel"]
     with open(log, "wb") as sink:
         proc = subprocess.Popen(
