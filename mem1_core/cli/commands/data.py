@@ -1,4 +1,5 @@
-"""`mem1 world`, `mem1 compose`, `mem1 export-corpus`: the data stages."""
+"""`mem1 world`, `mem1 compose`, `mem1 export-corpus`: the data stages; `mem1 data paper`: the
+`paper` profile's corpus index, tasks and config file from downloaded files."""
 
 from __future__ import annotations
 
@@ -14,13 +15,17 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
         "--profile", default="tiny", help="tiny (CPU default), smoke, smol (SmolLM2) or paper"
     )
     p.add_argument("--config", default=None, help="YAML file of overrides by section")
+    add_set_arg(p, "override one config field (repeatable)")
+
+
+def add_set_arg(p: argparse.ArgumentParser, help: str) -> None:
     p.add_argument(
         "--set",
         dest="overrides",
         action="append",
         default=[],
         metavar="SECTION.FIELD=VALUE",
-        help="override one config field (repeatable)",
+        help=help,
     )
 
 
@@ -65,6 +70,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hub-split", default="validation")
     p.add_argument("--out", required=True, help="output corpus .parquet")
     p.set_defaults(func=cmd_export_corpus)
+
+    register_data(sub)
 
 
 def cmd_world(args: argparse.Namespace) -> int:
@@ -133,4 +140,66 @@ def cmd_export_corpus(args: argparse.Namespace) -> int:
     table = hotpotqa_corpus(args.input, args.hub_config, args.hub_split)
     atomic.write_parquet(table, args.out)
     print(json.dumps({"out": args.out, "documents": table.num_rows}))
+    return 0
+
+
+def register_data(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("data", help="prepare downloaded datasets for a profile")
+    verbs = p.add_subparsers(dest="data_command", required=True, metavar="VERB")
+    p = verbs.add_parser(
+        "paper",
+        help="wiki-18 + HotpotQA + NQ files -> the paper profile's index, tasks and config file",
+        description="Index Search-R1's wiki-18 corpus, compose the HotpotQA + NQ tasks as a "
+        "run of the profile does, and write OUT/paper-data.yaml naming them "
+        "(docs/paper-profile.md, 'Getting the data'). Steps already done are skipped.",
+    )
+    p.add_argument("--wiki", required=True, help="Search-R1's wiki-18.jsonl (or a corpus Parquet)")
+    p.add_argument("--hotpotqa-train", required=True, help="hotpot_train_v1.1.json")
+    p.add_argument("--hotpotqa-test", required=True, help="hotpot_dev_distractor_v1.json")
+    p.add_argument("--nq-train", required=True, help="FlashRAG's nq/train.jsonl")
+    p.add_argument("--nq-test", required=True, help="FlashRAG's nq/test.jsonl")
+    p.add_argument("--out", required=True, help="folder for the index, tasks and config file")
+    p.add_argument("--kind", choices=["dense", "bm25"], default="dense", help="index kind")
+    p.add_argument(
+        "--encoder",
+        default=None,
+        help="dense: hub name or local directory of the encoder (default: retrieval.encoder, "
+        "intfloat/e5-base-v2)",
+    )
+    p.add_argument("--device", default=None, help="dense: torch device of the encoder (cuda)")
+    p.add_argument("--batch-size", type=int, default=None, help="dense: passages per forward")
+    p.add_argument("--index-type", choices=["flat", "hnsw"], default=None, help="dense: FAISS")
+    p.add_argument("--rebuild-index", action="store_true", help="build the index even if present")
+    p.add_argument("--profile", default="paper", help="the profile the data is for")
+    add_set_arg(p, "a config field for the tasks and the config file (data.max_train_tasks=1000)")
+    p.set_defaults(func=cmd_data_paper)
+
+
+def cmd_data_paper(args: argparse.Namespace) -> int:
+    from mem1_core.config import load_config
+    from mem1_core.retrieval.paper_data import PaperFiles, prepare_paper_data
+
+    options = {}
+    if args.kind == "dense":
+        options["model"] = args.encoder or load_config(args.profile).retrieval.encoder
+        for name in ("device", "batch_size", "index_type"):
+            if getattr(args, name) is not None:
+                options[name] = getattr(args, name)
+    elif any(
+        getattr(args, n) is not None for n in ("encoder", "device", "batch_size", "index_type")
+    ):
+        raise ValueError("--encoder, --device, --batch-size and --index-type are for --kind dense")
+    files = PaperFiles(
+        args.wiki, args.hotpotqa_train, args.hotpotqa_test, args.nq_train, args.nq_test
+    )
+    summary = prepare_paper_data(
+        files,
+        args.out,
+        kind=args.kind,
+        index_options=options,
+        profile=args.profile,
+        overrides=args.overrides,
+        rebuild_index=args.rebuild_index,
+    )
+    print(json.dumps(summary))
     return 0
