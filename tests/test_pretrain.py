@@ -13,7 +13,7 @@ import torch
 from mem1_core.data.prompts import task_prompt
 from mem1_core.rollout.loop import Task
 from mem1_core.rollout.teacher import ScriptedTeacher
-from mem1_core.training.pretrain import _question_drill_rows, question_drill_text
+from mem1_core.training.pretrain_data import _question_drill_rows, question_drill_text
 from mem1_core.trajectory.record import Trajectory
 
 
@@ -85,7 +85,7 @@ def test_a_task_file_of_another_composer_version_is_composed_again(tmp_path):
 
 @pytest.mark.parametrize(("k", "wanted"), [(0, 1), (2, 3), (2, 7), (15, 16)])
 def test_a_list_drill_answers_when_the_count_is_reached_and_goes_on_before(k, wanted):
-    from mem1_core.training.pretrain import drill_text
+    from mem1_core.training.pretrain_data import drill_text
 
     facts = [f"Name{i}" for i in range(k)]
     text = drill_text(facts, "Kalo Vesh", "Kalo Vesh is a city.", wanted)
