@@ -62,8 +62,12 @@ class Resolved:
     doc: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "value": jsonable(self.value), "source": self.source,
-                "doc": self.doc}
+        return {
+            "key": self.key,
+            "value": jsonable(self.value),
+            "source": self.source,
+            "doc": self.doc,
+        }
 
 
 @functools.cache
@@ -189,8 +193,9 @@ def render_show(rows: list[Resolved], width: int = 100) -> str:
         lines.append(f"{assignment:<{left}}  # {r.source}")
         if r.doc:
             lines.extend(
-                textwrap.wrap(" ".join(r.doc.split()), width, initial_indent="    ",
-                              subsequent_indent="    ")
+                textwrap.wrap(
+                    " ".join(r.doc.split()), width, initial_indent="    ", subsequent_indent="    "
+                )
             )
     return "\n".join(lines).strip("\n") + "\n"
 
@@ -275,7 +280,9 @@ def render_reference() -> str:
             if not fd.key.startswith(f.name + "."):
                 continue
             profiles = "; ".join(
-                f"{n}: `{render_value(by_profile[n][fd.key])}`" for n in names if fd.key in set_by[n]
+                f"{n}: `{render_value(by_profile[n][fd.key])}`"
+                for n in names
+                if fd.key in set_by[n]
             )
             out.append(
                 f"| `{fd.key.split('.', 1)[1]}` | `{_cell(fd.type)}` | "
