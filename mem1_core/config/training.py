@@ -308,11 +308,24 @@ class ResourcesConfig(Section):
     learner_ranks: int = 0
     """`fsdp` only: learner processes. 0 means one per learner GPU (`learner_gpus`); without
     GPUs (`learner_gpus=0`) set it to run that many CPU ranks over gloo (tests, debugging)."""
+    worker_memory_gb: float = 0.0
+    """Memory each rollout worker reserves in Ray (GiB; Ray's `memory` resource). 0 reserves
+    none. Counted when the run checks that the cluster can hold it."""
+    learner_memory_gb: float = 0.0
+    """Memory each learner process reserves in Ray (GiB), as `worker_memory_gb`."""
     ray_address: str | None = None
-    """Connect to a running Ray cluster: `auto` when the run starts on one of its nodes
-    (after `ray start --head` / `ray start --address=HEAD:6379` on each node), or the head's
-    `HOST:6379`; None starts a private local one. Workers and the learner are then placed on
-    any node with the GPUs they ask for, so `--out` must be on a filesystem every node sees."""
+    """Connect to a running Ray cluster: the head's `HOST:6379`, or `auto` for the cluster
+    `ray start` recorded on this node (or `RAY_ADDRESS`). None starts a private local Ray for
+    this run alone, whatever cluster the machine runs or recorded. On more than one node
+    `--out` must be on storage every node mounts at the same path (checked at start;
+    docs/cluster.md)."""
+    placement: str = "pack"
+    """How the rollout workers and the learner ranks spread over the cluster's nodes (one
+    Ray placement group): `pack` onto as few nodes as hold them, or `spread` over as many."""
+    wait_seconds: float = 600.0
+    """Longest wait for a cluster that can hold the run but is busy (other jobs hold the
+    resources); the run says what it waits for every few seconds and stops at this cap. A
+    run the cluster can never hold fails at once."""
     learner_strategy: str = "single"
     """`single`: the learner is one process on one device, its weights in `model.dtype`.
     `fsdp`: `learner_world` learner ranks (Ray actors forming one torch.distributed group,
@@ -341,6 +354,13 @@ class ResourcesConfig(Section):
         if self.learner_strategy not in ("single", "fsdp"):
             raise ValueError(
                 f"resources.learner_strategy={self.learner_strategy!r}: use single or fsdp"
+            )
+        if self.placement not in ("pack", "spread"):
+            raise ValueError(f"resources.placement={self.placement!r}: use pack or spread")
+        if self.wait_seconds < 0 or min(self.worker_memory_gb, self.learner_memory_gb) < 0:
+            raise ValueError(
+                "resources.wait_seconds, resources.worker_memory_gb and "
+                "resources.learner_memory_gb are amounts: set them >= 0"
             )
         if self.learner_strategy == "fsdp":
             self._check_fsdp_ranks()

@@ -35,12 +35,15 @@ def start_retriever_actor(
     num_cpus: float = 1,
     max_concurrency: int = 4,
     name: str | None = None,
+    actor_options: dict[str, Any] | None = None,
 ) -> Any:
     """Start a `RetrieverActor` in the current Ray cluster and return its handle.
-    `max_concurrency` > 1 lets several workers' calls overlap (searches only read)."""
+    `max_concurrency` > 1 lets several workers' calls overlap (searches only read).
+    `actor_options`: more Ray actor options (where it runs, its restarts)."""
     import ray
 
     options: dict[str, Any] = {"num_cpus": num_cpus, "max_concurrency": max_concurrency}
+    options |= actor_options or {}
     if name is not None:
         options["name"] = name
     return ray.remote(RetrieverActor).options(**options).remote(str(index_dir), corpus_path)

@@ -60,6 +60,7 @@ from mem1_core.rl.passes import Split
 from mem1_core.runs.checkpoint import set_rng_state
 from mem1_core.training.fsdp import full_state_dict, rank_rows, shard_critic, shard_policy
 from mem1_core.training.learner import Learner, checkpoint_activations
+from mem1_core.training.placement import memory_option
 from mem1_core.trajectory.logprobs import tree_attention_mask
 from mem1_core.trajectory.tree import FlatBatch
 
@@ -306,10 +307,14 @@ class LearnerRank(Learner):
         return weights, optim
 
 
-def start_learner_group(cfg: Config, run_root: str, init: str | None) -> list[Any]:
+def start_learner_group(
+    cfg: Config, run_root: str, init: str | None, placement: list[dict[str, Any]] | None = None
+) -> list[Any]:
     """Start `cfg.resources.learner_world` LearnerRank actors (each asking for `learner_cpus` CPUs
     and one GPU when the learner has GPUs), form their process group and load the models.
-    -> the actors, rank 0 first. Ray must be running (mem1_core.training.ray_start.start_ray)."""
+    `placement`: each rank's extra Ray options (its placement-group bundle;
+    mem1_core.training.placement). -> the actors, rank 0 first. Ray must be running
+    (mem1_core.training.ray_start.start_ray)."""
     import ray
 
     resources = cfg.resources
@@ -319,10 +324,16 @@ def start_learner_group(cfg: Config, run_root: str, init: str | None) -> list[An
             "start_learner_group needs resources.learner_strategy=fsdp with >= 2 ranks"
         )
     rank_cls = ray.remote(LearnerRank).options(
-        num_cpus=resources.learner_cpus, num_gpus=resources.learner_gpus / world
+        num_cpus=resources.learner_cpus,
+        num_gpus=resources.learner_gpus / world,
+        **memory_option(resources.learner_memory_gb),
     )
     threads = max(1, int(resources.learner_cpus))
-    ranks = [rank_cls.remote(cfg, run_root, init, r, world, threads) for r in range(world)]
+    where = placement or [{} for _ in range(world)]
+    ranks = [
+        rank_cls.options(**where[r]).remote(cfg, run_root, init, r, world, threads)
+        for r in range(world)
+    ]
     host, port = ray.get(ranks[0].rendezvous.remote())
     ray.get([r.connect.remote(host, port) for r in ranks])
     log.info("FSDP learner group: %d ranks, rendezvous at %s:%d", world, host, port)

@@ -1,5 +1,10 @@
 """Ray start-up and where an actor runs: connect to a cluster or start a private local Ray
-sized for the run's actors; an actor's device and torch threads."""
+sized for the run's actors; an actor's device and torch threads.
+
+A private Ray is private: without `resources.ray_address` the run starts a new local
+instance (Ray's `address="local"`) even where `ray start` left a cluster running, or its
+record behind (`/tmp/ray/ray_current_cluster`, `RAY_ADDRESS`), which a plain `ray.init()`
+would join. `resources.ray_address=auto` joins that cluster on purpose."""
 
 from __future__ import annotations
 
@@ -10,11 +15,10 @@ import os
 import torch
 
 from mem1_core.config import ResourcesConfig
+from mem1_core.training.placement import run_demands
 
 log = logging.getLogger(__name__)
 
-RETRIEVER_CPUS = 1.0
-"""Logical CPUs the retriever actor asks for (BM25 is light; a dense encoder is not)."""
 LOCAL_START_ATTEMPTS = 3
 """Tries to start the private local Ray. On a loaded machine its raylet can miss Ray's fixed
 30 s start-up wait (it waits for the dashboard agent's port file and aborts: "The current node
@@ -33,7 +37,8 @@ def set_threads(threads: int | None) -> None:
 
 def start_ray(resources: ResourcesConfig, *, log_to_driver: bool = False) -> bool:
     """Connect to `resources.ray_address`, or start a private local Ray sized for the actors.
-    Returns True if this call started (and so should shut down) Ray."""
+    Returns True if this call started (and so should shut down) Ray. Whether the cluster can
+    hold the run is mem1_core.training.placement's check, made before any actor starts."""
     import ray
 
     if ray.is_initialized():
@@ -46,34 +51,24 @@ def start_ray(resources: ResourcesConfig, *, log_to_driver: bool = False) -> boo
         ray.init(
             address=resources.ray_address, log_to_driver=log_to_driver, configure_logging=False
         )
-    else:
-        # A private cluster living as long as this run, on localhost, dashboard off: token
-        # auth (Ray's default) would only write a token file. Set RAY_AUTH_MODE to override.
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        need = (
-            resources.num_rollout_workers * resources.cpus_per_worker
-            + resources.learner_world * resources.learner_cpus
-            + RETRIEVER_CPUS
-        )
-        for attempt in range(1, LOCAL_START_ATTEMPTS + 1):
-            try:
-                ray.init(
-                    num_cpus=max(os.cpu_count() or 1, math.ceil(need)),
-                    include_dashboard=False,
-                    log_to_driver=log_to_driver,
-                    configure_logging=False,
-                )
-                break
-            except Exception as e:  # Ray raises a bare Exception for this
-                if "timed out during startup" not in str(e) or attempt == LOCAL_START_ATTEMPTS:
-                    raise
-                log.warning("the local Ray did not come up (%s); starting it again", e)
-                ray.shutdown()
-    gpus = ray.cluster_resources().get("GPU", 0.0)
-    if max(resources.gpus_per_worker, resources.learner_gpus) > gpus:
-        ray.shutdown()
-        raise ValueError(
-            f"resources.gpus_per_worker={resources.gpus_per_worker} / resources.learner_gpus={resources.learner_gpus} "
-            f"but the Ray cluster has {gpus:g} GPUs; set them to 0 on a CPU machine"
-        )
-    return True
+        return True
+    # A private cluster living as long as this run, on localhost, dashboard off: token
+    # auth (Ray's default) would only write a token file. Set RAY_AUTH_MODE to override.
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    need = sum(d.resources.get("CPU", 0.0) for d in run_demands(resources, retriever=True))
+    for attempt in range(1, LOCAL_START_ATTEMPTS + 1):
+        try:
+            ray.init(
+                address="local",  # never the cluster `ray start` recorded on the machine
+                num_cpus=max(os.cpu_count() or 1, math.ceil(need)),
+                include_dashboard=False,
+                log_to_driver=log_to_driver,
+                configure_logging=False,
+            )
+            return True
+        except Exception as e:  # Ray raises a bare Exception for this
+            if "timed out during startup" not in str(e) or attempt == LOCAL_START_ATTEMPTS:
+                raise
+            log.warning("the local Ray did not come up (%s); starting it again", e)
+            ray.shutdown()
+    raise AssertionError("unreachable")

@@ -26,6 +26,13 @@ between two calls, is found and brought up to date too. The learner is not resta
 state since the last checkpoint (weights, optimiser moments) is gone with it, so its death
 stops the run (`ActorLost`) and `--resume` continues from the checkpoint.
 
+Placement (mem1_core.training.placement). Before any actor starts, the run's actors are
+checked against the cluster (a run it can never hold fails at once, a busy one waits, with a
+line, up to `resources.wait_seconds`) and reserved as placement groups; on more than one node
+the run directory must be shared (checked). A node lost mid-run takes its bundles with it and
+Ray places them again where there is room: a rollout worker restarts there as above. When
+the remaining nodes cannot hold the run, waiting for the restart ends with `ActorLost`.
+
 Overlapped rollouts (`ppo.overlap_rollouts`, issue 17). `start_rollout` sends the workers
 their shares and returns at once (`PendingRollout`); `collect` waits for the answers. A Ray
 actor runs its calls in the order they were sent, so a rollout started before the learner's
@@ -50,7 +57,16 @@ from mem1_core.runs.faults import ActorLost
 from mem1_core.runs.layout import RunPaths
 from mem1_core.training import actor_pool
 from mem1_core.training.learner import Learner
-from mem1_core.training.ray_start import RETRIEVER_CPUS, start_ray
+from mem1_core.training.placement import (
+    RETRIEVER_CPUS,
+    Placement,
+    alive_nodes,
+    fit_error,
+    memory_option,
+    place_run,
+    run_demands,
+)
+from mem1_core.training.ray_start import start_ray
 from mem1_core.training.vllm_engine import choose_backend, require_vllm, rollout_workers_env
 from mem1_core.training.workers import RolloutWorker, WeightsOutOfDate
 from mem1_core.trajectory.record import Trajectory
@@ -60,6 +76,9 @@ WORKER_RESTARTS = 3
 """Times Ray restarts a rollout worker whose process died (and the driver retries its share)."""
 WORKER_RESTART_TIMEOUT_S = 600.0
 """Longest wait for a restarted worker to answer (it imports torch and loads its model)."""
+RETRIEVER_RESTARTS = 3
+"""Times Ray restarts the retriever actor (it only reads its index) and retries a search
+that its death interrupted, e.g. with the node it ran on."""
 
 
 def _handled_cause(error: Exception) -> Exception | None:
@@ -94,6 +113,7 @@ def worker_options(resources: ResourcesConfig, runtime_env: dict | None) -> dict
         num_gpus=resources.gpus_per_worker,
         max_restarts=WORKER_RESTARTS,  # the driver retries the call (`_rollout_share`)
     )
+    options |= memory_option(resources.worker_memory_gb)
     if runtime_env is not None:
         options["runtime_env"] = runtime_env
     return options
@@ -124,9 +144,14 @@ class Runtime:
         remote: bool,
         owns_ray: bool = False,
         retriever: Any = None,
+        placement: Placement | None = None,
     ):
         self.workers, self.learners, self.remote = workers, learners, remote
         self.owns_ray, self.retriever = owns_ray, retriever
+        self.placement = placement
+        """The placement groups that hold the actors (Ray only)."""
+        self.demands: list = []
+        """What the actors ask of Ray (placement.run_demands): the fit check when a node is lost."""
         self.reuse_key: tuple | None = None
         """Set when these actors may serve a later run of the same shape (actor_pool)."""
         self.worker_args: tuple | None = None
@@ -188,26 +213,56 @@ class Runtime:
                 )
                 parked.shutdown(park=False)
         owns = start_ray(resources, log_to_driver=log_to_driver)
+        # Before any actor: can the cluster hold the run (now or once it is less busy), and
+        # does every node it uses see the run directory?
+        demands = run_demands(resources, retriever=index is not None)
+        try:
+            inputs = [p for p in (init, index) if p is not None]
+            placement = place_run(resources, demands, [paths.root, *inputs])
+        except BaseException:
+            if owns:
+                ray.shutdown()
+            raise
         retriever = None
         if index is not None:  # else an HTTP retriever is already shared
-            retriever = start_retriever_actor(index, num_cpus=RETRIEVER_CPUS)
-        worker_cls = ray.remote(RolloutWorker).options(**worker_options(resources, worker_env))
+            retriever = start_retriever_actor(
+                index,
+                num_cpus=RETRIEVER_CPUS,
+                actor_options=dict(
+                    max_restarts=RETRIEVER_RESTARTS,
+                    max_task_retries=RETRIEVER_RESTARTS,  # a search only reads: safe to redo
+                    **placement.options("retriever"),
+                ),
+            )
+        options = worker_options(resources, worker_env)
         threads = max(1, int(resources.cpus_per_worker))
         workers = [
-            worker_cls.remote(cfg, root, init_s, retriever, threads, backend)
-            for _ in range(resources.num_rollout_workers)
+            ray.remote(RolloutWorker)
+            .options(**options, **placement.options(f"rollout_worker_{i}"))
+            .remote(cfg, root, init_s, retriever, threads, backend)
+            for i in range(resources.num_rollout_workers)
         ]
-        runtime = cls(workers, [], remote=True, owns_ray=owns, retriever=retriever)
-        runtime.reuse_key = key
+        runtime = cls(
+            workers, [], remote=True, owns_ray=owns, retriever=retriever, placement=placement
+        )
+        runtime.reuse_key, runtime.demands = key, demands
         try:
             if fsdp:  # waits until the group has formed and loaded its shards
                 from mem1_core.training.fsdp_learner import start_learner_group
 
-                runtime.learners = start_learner_group(cfg, root, init_s)
+                ranks = [
+                    placement.options(f"learner_rank_{r}") for r in range(resources.learner_world)
+                ]
+                runtime.learners = start_learner_group(cfg, root, init_s, ranks)
             else:
                 learner = (
                     ray.remote(Learner)
-                    .options(num_cpus=resources.learner_cpus, num_gpus=resources.learner_gpus)
+                    .options(
+                        num_cpus=resources.learner_cpus,
+                        num_gpus=resources.learner_gpus,
+                        **memory_option(resources.learner_memory_gb),
+                        **placement.options("learner"),
+                    )
                     .remote(cfg, root, init_s, max(1, int(resources.learner_cpus)))
                 )
                 runtime.learners = [learner]
@@ -216,24 +271,28 @@ class Runtime:
             raise
         return runtime
 
-    def rollout_info(self) -> dict[str, str | None]:
+    def rollout_info(self) -> dict[str, Any]:
         """What the rollout workers generate with (RolloutWorker.describe of the first one:
-        all run one backend): rollout_backend, vllm_version, rollout_python."""
+        all run one backend): rollout_backend, vllm_version, rollout_python; and on Ray
+        `actor_nodes`, each actor's node now (placement.node_label), a dict."""
         if self._rollout_info is None:
             self._rollout_info = self._get(self._call(self.workers[0], "describe"))
+            if self.placement is not None:
+                self._rollout_info["actor_nodes"] = self.placement.nodes()
+                log.info("actor nodes: %s", self._rollout_info["actor_nodes"])
         return self._rollout_info
 
     def _call(self, target: Any, method: str, *args: Any, **kwargs: Any) -> Any:
         fn = getattr(target, method)
         return fn.remote(*args, **kwargs) if self.remote else fn(*args, **kwargs)
 
-    def _get(self, value: Any) -> Any:
+    def _get(self, value: Any, timeout: float | None = None) -> Any:
         if not self.remote:
             return value
         import ray
 
         try:
-            return ray.get(value)
+            return ray.get(value, timeout=timeout)
         except ray.exceptions.RayTaskError as e:
             if (cause := _handled_cause(e)) is None:
                 raise
@@ -324,12 +383,16 @@ class Runtime:
         worker, t0 = self.workers[i], time.perf_counter()
         while True:  # a call to a restarting actor fails at once (ActorUnavailableError)
             try:
-                pid = self._get(worker.pid.remote())
+                pid = self._get(worker.pid.remote(), timeout=5.0)
                 break
-            except ray.exceptions.ActorUnavailableError:
+            except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
                 if time.perf_counter() - t0 > WORKER_RESTART_TIMEOUT_S:
                     raise
+                # A node lost: Ray places the worker again where there is room, if any.
+                if (error := fit_error(self.demands, alive_nodes())) is not None:
+                    raise ActorLost(f"a node left and {error}") from None
                 time.sleep(0.5)
+        self._rollout_info = None  # its node may have changed
         if self.worker_args is not None:
             self._get(worker.reset.remote(*self.worker_args))
         weights = [r.get_weights.remote() for r in self.learners]  # FSDP: a collective
@@ -461,5 +524,7 @@ class Runtime:
         for actor in [*self.workers, *self.learners, self.retriever]:
             if actor is not None:
                 ray.kill(actor)
+        if self.placement is not None:
+            self.placement.remove()
         if self.owns_ray:
             ray.shutdown()

@@ -380,7 +380,8 @@ def train_rl(
                 record |= evaluate(runtime, eval_tasks, paths.eval_part(it))
                 for n, tasks in more_evals.items():
                     record |= evaluate(runtime, tasks, paths.eval_part(it, n), f"eval/n{n}/")
-            record = _clean({"estimator": estimator, **rollout_info, **record})
+            # Asked again each iteration: a worker Ray restarted elsewhere has a new node.
+            record = _clean({"estimator": estimator, **runtime.rollout_info(), **record})
             write_trajectories(trajs, paths.part(it))
             progress.log(record)
             if last or (it + 1) % cfg.ppo.checkpoint_every == 0:
