@@ -1,10 +1,11 @@
-"""PPO runs side by side: which learning rate, which estimator (issue 27's ablations).
+"""PPO runs side by side: which learning rate, which estimator (docs/results.md's ablations).
 
     python benchmarks/ablation.py --out runs/ablation.png \
-        "GAE lr 1e-5=runs/learning/ppo_mem1" "GAE lr 3e-5=runs/lr3/ppo_mem1" \
-        "GRPO lr 1e-5=runs/grpo/ppo_mem1"
+        "GAE lr 1e-5=runs/smol-1/ppo_mem1/seed0" "GAE lr 3e-5=runs/smol-lr3/ppo_mem1/seed0" \
+        "GRPO lr 1e-5=runs/smol-grpo/ppo_mem1/seed0"
 
-Each argument is NAME=RUN (a `mem1 train ppo|grpo` run directory, or a learning.py arm). It
+Each argument is NAME=RUN (a `mem1 train ppo|grpo` run directory, or a PPO arm × seed of an
+experiment run, `<run>/ppo_mem1/seed<k>` or `<run>/ppo_full/seed<k>`). It
 reads each run's metrics.jsonl and prints, per run: iterations, optimiser steps, minutes, the
 sampled reward (mean of the first and of the last four iterations), the largest KL to the
 start, and every held-out evaluation (greedy, `ppo.eval_every`) at the training N and at the
