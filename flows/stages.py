@@ -102,7 +102,9 @@ def train_ppo(
     print(f"PPO ({memory}): rollouts with {rollout}")
     publish_table(
         f"ppo-{memory}",
-        [{"metric": k, "value": m[k]} for k in ROLLOUT_KEYS if m.get(k)] + metric_rows(m),
+        [{"metric": k, "value": m[k]} for k in ROLLOUT_KEYS if m.get(k)]
+        + [{"metric": f"node of {a}", "value": n} for a, n in m.get("actor_nodes", {}).items()]
+        + metric_rows(m),
         f"PPO ({memory}) in {out}; rollouts: {rollout}",
     )
     return result
