@@ -323,7 +323,7 @@ def start_learner_group(
         raise ValueError(
             "start_learner_group needs resources.learner_strategy=fsdp with >= 2 ranks"
         )
-    rank_cls = ray.remote(LearnerRank).options(
+    options = dict(
         num_cpus=resources.learner_cpus,
         num_gpus=resources.learner_gpus / world,
         **memory_option(resources.learner_memory_gb),
@@ -331,7 +331,9 @@ def start_learner_group(
     threads = max(1, int(resources.learner_cpus))
     where = placement or [{} for _ in range(world)]
     ranks = [
-        rank_cls.options(**where[r]).remote(cfg, run_root, init, r, world, threads)
+        ray.remote(LearnerRank)
+        .options(**options, **where[r])
+        .remote(cfg, run_root, init, r, world, threads)
         for r in range(world)
     ]
     host, port = ray.get(ranks[0].rendezvous.remote())
