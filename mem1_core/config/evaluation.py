@@ -1,5 +1,5 @@
-"""The `eval` section: how the objective-scaling evaluation scores answers. Its own small
-module (not sections.py) because it is the only evaluation-side setting so far."""
+"""The `eval` section: how the objective-scaling evaluation scores answers and which engine
+plays its cells. Its own small module (not sections.py): the evaluation-side settings."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from mem1_core.config.sections import Section
 
 SCORER_NAMES = ("squad", "mem1-paper")
 """The scorers of mem1_core.evaluation.metrics.SCORERS."""
+EVAL_BACKENDS = ("hf", "vllm", "auto")
+"""The engines that can play the evaluation's cells (mem1_core.evaluation.vllm_cells)."""
 
 
 @dataclass(frozen=True)
@@ -23,7 +25,22 @@ class EvalConfig(Section):
     number of `;`-separated answers scores 0, F1 over word sets), for numbers set beside the
     paper's tables."""
 
+    backend: str = "hf"
+    """Which engine plays the evaluation's cells (greedy either way). `hf`: Hugging Face in
+    this process. `vllm`: a vLLM engine per policy, in a process of its own under the vLLM
+    venv's Python (`./dev setup-vllm`; found as `resources.rollout_python` is), which writes
+    the cells this process reads back; an error when there is none. `auto`: vllm where that
+    Python is found and imports vLLM, else hf (the log says which). A cell reads back the
+    same under either, so switching resumes at the first unfinished cell. vLLM pays an engine
+    start per policy (about a minute on a CPU) and then generates faster
+    (docs/performance.md, "Evaluation with vLLM")."""
+
     def __post_init__(self) -> None:
+        if self.backend not in EVAL_BACKENDS:
+            raise ValueError(
+                f"eval.backend={self.backend!r}: use hf, vllm (needs the vLLM venv: "
+                "./dev setup-vllm) or auto"
+            )
         if self.scorer not in SCORER_NAMES:
             raise ValueError(
                 f"eval.scorer={self.scorer!r}: use {' or '.join(SCORER_NAMES)} "

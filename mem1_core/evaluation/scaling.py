@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,12 +18,18 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
+from mem1_core.evaluation.cells import (  # noqa: E402
+    Cell,
+    cell_record,
+    finished_cell,
+    trajectories_path,
+    write_cell,
+)
 from mem1_core.evaluation.evaluate import run_eval  # noqa: E402
 from mem1_core.evaluation.summary import summarize  # noqa: E402
 from mem1_core.rollout.loop import Task  # noqa: E402
 from mem1_core.runs import atomic  # noqa: E402
 from mem1_core.runs.progress import Progress as StageProgress  # noqa: E402
-from mem1_core.trajectory.record import read_trajectories, write_trajectories  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +40,22 @@ class Agent:
 
     name: str
     memory: str
-    model: object | None  # a causal LM; None with `backend` (the scripted teacher)
+    model: object | None  # a causal LM; None with `backend` (the scripted teacher) or `load`
     backend: object | None = None
     source: str = ""
     """What the agent plays from (its weights' identity; the teacher's settings): an
     evaluation resumed with `key` reuses a cell only when this is unchanged."""
+    policy: str | None = None
+    """The saved policy directory `model` comes from: what another process (a vLLM engine,
+    `evaluate_scaling`'s `player`) loads to play this agent's cells."""
+    load: Callable[[], object] | None = None
+    """Builds `model` when it is None and a cell must be played in this process: an agent
+    whose cells are all reused or played elsewhere is never loaded."""
+
+
+CellPlayer = Callable[[list[Cell], Callable[[Cell], None]], None]
+"""Plays cells in another process: writes each one's files (mem1_core.evaluation.cells) and
+calls back with each cell it finished; a cell it leaves unwritten is played here."""
 
 
 def evaluate_scaling(
@@ -50,6 +68,7 @@ def evaluate_scaling(
     progress: bool = True,
     scorer: str = "squad",
     key: str | None = None,
+    player: CellPlayer | None = None,
 ) -> pd.DataFrame:
     """Every agent on every N, answers scored by `scorer`; writes
     trajectories/<agent>_n<N>.parquet and metrics.{parquet,csv}.
@@ -58,88 +77,73 @@ def evaluate_scaling(
     writes trajectories/<agent>_n<N>.cell.json, and a rerun into the same `out_dir` reuses a
     cell whose record matches (key, the agent's source and memory, the scorer, the same tasks
     in the same order) instead of playing it again: an interrupted evaluation resumes at the
-    cell it stopped in. Anything else is played afresh and overwritten."""
+    cell it stopped in. Anything else is played afresh and overwritten.
+
+    With `player`, the cells still to play of every agent with a `policy` go to it first (the
+    vLLM engine in its own venv: mem1_core.evaluation.vllm_cells); the cells it finished are
+    read back from their files like reused ones, and any it did not finish play here."""
     out = Path(out_dir)
-    rows = []
+    cells = [
+        Cell(agent.name, n, tasks, trajectories_path(out, agent.name, n),
+             cell_record(key, agent.source, agent.memory, scorer, tasks), agent.policy)
+        for agent in agents for n, tasks in sorted(tasks_by_n.items()) if tasks
+    ]  # fmt: skip
+    by_name = {a.name: a for a in agents}
     total = len(agents) * sum(len(t) for t in tasks_by_n.values())
     watch = StageProgress("evaluation", total=total, unit="task")
-    reused = []
-    for agent in agents:
-        for n, tasks in sorted(tasks_by_n.items()):
-            if not tasks:
-                continue
-            traj_path = out / "trajectories" / f"{agent.name}_n{n}.parquet"
-            record = {
-                "key": key,
-                "source": agent.source,
+    reused = {c.path: finished_cell(c) for c in cells} if key is not None else {}
+    elsewhere: dict[Path, tuple] = {}
+    todo = [c for c in cells if reused.get(c.path) is None and c.policy]
+    if player is not None and todo:
+
+        def played(cell: Cell) -> None:
+            watch.update(watch.done + len(cell.tasks), agent=cell.agent, N=cell.n)
+
+        player(todo, played)
+        elsewhere = {c.path: done for c in todo if (done := finished_cell(c)) is not None}
+    rows = []
+    models: dict[str, object] = {}
+    for cell in cells:
+        agent = by_name[cell.agent]
+        if (done := reused.get(cell.path) or elsewhere.get(cell.path)) is not None:
+            trajs, seconds = done
+        else:
+            watch.update(watch.done, agent=agent.name, N=cell.n)
+            if agent.model is None and agent.load is not None and agent.name not in models:
+                models = {agent.name: agent.load()}  # one loaded policy at a time
+            trajs, seconds = run_eval(
+                agent.model if agent.model is not None else models.get(agent.name),
+                tokenizer,
+                env,
+                cell.tasks,
+                rollout_cfg,
+                memory=agent.memory,
+                backend=agent.backend,
+                progress=progress,
+                scorer=scorer,
+            )
+            engine = "hf" if agent.backend is None else type(agent.backend).__name__
+            write_cell(trajs, seconds, cell, record=key is not None, backend=engine)
+        rows.append(
+            {
+                "agent": agent.name,
                 "memory": agent.memory,
+                "n_objectives": cell.n,
                 "scorer": scorer,
-                "task_ids": [t.task_id for t in tasks],
+                **summarize(trajs, seconds),
             }
-            done = _finished_cell(traj_path, record) if key is not None else None
-            if done is not None:
-                trajs, seconds = done
-                reused.append(f"{agent.name} N={n}")
-            else:
-                watch.update(watch.done, agent=agent.name, N=n)
-                trajs, seconds = run_eval(
-                    agent.model,
-                    tokenizer,
-                    env,
-                    tasks,
-                    rollout_cfg,
-                    memory=agent.memory,
-                    backend=agent.backend,
-                    progress=progress,
-                    scorer=scorer,
-                )
-                write_trajectories(trajs, traj_path)
-                if key is not None:
-                    atomic.write_json({**record, "seconds": seconds}, _cell_path(traj_path))
-            rows.append(
-                {
-                    "agent": agent.name,
-                    "memory": agent.memory,
-                    "n_objectives": n,
-                    "scorer": scorer,
-                    **summarize(trajs, seconds),
-                }
-            )
-            watch.update(
-                watch.done + len(tasks), agent=agent.name, N=n, em=round(rows[-1]["em_frac"], 3)
-            )
-    watch.close()
-    if reused:
-        log.info(
-            "evaluation resumed: reused %d finished cells (%s)", len(reused), ", ".join(reused)
         )
+        if cell.path not in elsewhere:  # the player's callback counted those
+            watch.update(
+                watch.done + len(cell.tasks), agent=agent.name, N=cell.n,
+                em=round(rows[-1]["em_frac"], 3),
+            )  # fmt: skip
+    watch.close()
+    if names := [f"{c.agent} N={c.n}" for c in cells if reused.get(c.path) is not None]:
+        log.info("evaluation resumed: reused %d finished cells (%s)", len(names), ", ".join(names))
     table = pd.DataFrame(rows)
     write_table(table, out / "metrics")
     return table
-
-
-def _cell_path(traj_path: Path) -> Path:
-    return traj_path.with_name(traj_path.name.removesuffix(".parquet") + ".cell.json")
-
-
-def _finished_cell(traj_path: Path, record: dict) -> tuple[list, float] | None:
-    """A cell an earlier run of the same evaluation finished: its trajectories and wall
-    seconds, or None when there is none or it was played by anything else (another key,
-    agent source, memory, scorer or task list) or its files do not read back whole."""
-    cell = _cell_path(traj_path)
-    if not (cell.is_file() and traj_path.is_file()):
-        return None
-    try:
-        saved = json.loads(cell.read_text())
-        seconds = float(saved["seconds"])
-        trajs = read_trajectories(traj_path)
-    except (OSError, ValueError, TypeError, KeyError, pa.ArrowException):
-        return None
-    if {k: saved.get(k) for k in record} != record:
-        return None
-    if [t.task_id for t in trajs] != record["task_ids"]:
-        return None
-    return trajs, seconds
 
 
 def write_table(table: pd.DataFrame, stem: Path) -> None:

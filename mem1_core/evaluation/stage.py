@@ -3,6 +3,7 @@ write the table, the plots and the headline (eval/headline.json)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -11,6 +12,7 @@ from pathlib import Path
 from mem1_core.evaluation.headline import build_headline, task_scores, write_headline
 from mem1_core.evaluation.samples import write_samples
 from mem1_core.evaluation.scaling import Agent, evaluate_scaling, scaling_plots
+from mem1_core.evaluation.vllm_cells import choose_player
 from mem1_core.models.model import load_model
 from mem1_core.models.policy import adopt_init_tokenizer, ensure_tokenizer
 from mem1_core.rollout.env import make_env
@@ -57,6 +59,15 @@ def policy_source(path: str | Path) -> str:
     return f"{p.resolve()} {hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:16]}"
 
 
+def policy_dir(path: str | Path) -> str | None:
+    """The directory a policy loads from (a shipped model's de-quantized cache), or None for
+    a hub name: what a vLLM engine can start from."""
+    from mem1_core.models.gguf import resolve_pretrained
+
+    local = Path(resolve_pretrained(path))
+    return str(local.resolve()) if (local / "config.json").is_file() else None
+
+
 def run_objective_scaling(
     cfg,
     run_dir: str | Path,
@@ -81,10 +92,14 @@ def run_objective_scaling(
     env = make_env(cfg, paths, tok)
     ns = objectives or cfg.data.eval_objectives
     tasks_by_n = {n: load_tasks(cfg, paths, "test", n)[: cfg.data.eval_tasks(n)] for n in ns}
+    player = choose_player(cfg, paths.root)
     built = [
-        Agent(name, memory, load_model(path, cfg.model, tok), source=policy_source(path))
+        Agent(
+            name, memory, None, source=policy_source(path), policy=policy_dir(path),
+            load=functools.partial(load_model, path, cfg.model, tok),
+        )
         for name, path, memory in agents
-    ]
+    ]  # fmt: skip
     every = [t for ts in tasks_by_n.values() for t in ts]
     if teacher and not can_play(every):
         if not built:
@@ -104,10 +119,15 @@ def run_objective_scaling(
     out = Path(out_dir)
     # a rerun into the same directory resumes at the first cell not yet played under this
     # configuration (the teacher's settings, world and rollout budgets are all in it)
-    key = hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode())
+    # (the engine and where it runs are not in it: a cell reads back the same whichever
+    # engine played it; both as a key made before they were had them, so its cells still count)
+    settings = cfg.to_dict()
+    settings["eval"].pop("backend")
+    settings["resources"]["rollout_python"] = None
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
     table = evaluate_scaling(
         built, tok, env, tasks_by_n, cfg.rollout, out,
-        progress=progress, scorer=cfg.eval.scorer, key=key.hexdigest(),
+        progress=progress, scorer=cfg.eval.scorer, key=key.hexdigest(), player=player,
     )  # fmt: skip
     plots = scaling_plots(table, out)
     samples = write_samples(
