@@ -141,22 +141,33 @@ def test_a_generated_turn_stops_on_its_closing_tag(smol) -> None:
     assert parsed.action is Action.QUERY and parsed.text
 
 
-def _rollouts(model, tok, autocast: str | None, tmp_path: Path):
+SHORT_TURNS = [
+    "rollout.gen_tokens_base=8",
+    "rollout.gen_tokens_per_objective=4",
+    "rollout.turns_base=1",
+    "rollout.turns_per_objective=1",
+]
+"""Turns of at most 8 + 4 N tokens, 1 + N of them: the checks need a few turns, not long ones
+(on 2 loaded cores each generated token of the real model costs about a second)."""
+
+
+@pytest.fixture(scope="module")
+def smol_run(tmp_path_factory):
+    """The smol profile's world, tasks and index, prepared once for the rollout tests."""
+    from mem1_core.rollout.inputs import prepare
+
+    cfg = load_config("smol", overrides=[*SHORT_TURNS, "data.max_eval_tasks=2"])
+    return prepare(cfg, tmp_path_factory.mktemp("smol-run"))
+
+
+def _rollouts(model, tok, autocast: str | None, paths):
     from mem1_core.rollout.env import make_env
-    from mem1_core.rollout.inputs import load_tasks, prepare
+    from mem1_core.rollout.inputs import load_tasks
 
     cfg = load_config(
         "smol",
-        overrides=[
-            f"model.autocast={autocast or 'null'}",
-            "rollout.gen_tokens_base=16",
-            "rollout.gen_tokens_per_objective=4",
-            "rollout.turns_base=1",
-            "rollout.turns_per_objective=1",
-            "data.max_eval_tasks=2",
-        ],
+        overrides=[f"model.autocast={autocast or 'null'}", *SHORT_TURNS, "data.max_eval_tasks=2"],
     )
-    paths = prepare(cfg, tmp_path / "run")
     env = make_env(cfg, paths, tok)
     tasks = load_tasks(cfg, paths, "test", 2)[:2]
     set_compute(model, ModelConfig(name_or_path=SMOL, autocast=autocast))
@@ -165,7 +176,7 @@ def _rollouts(model, tok, autocast: str | None, tmp_path: Path):
 
 
 @pytest.mark.parametrize("autocast", [None, "bfloat16"])
-def test_tree_logprobs_equal_per_turn_recompute_on_the_real_model(smol, autocast, tmp_path):
+def test_tree_logprobs_equal_per_turn_recompute_on_the_real_model(smol, autocast, smol_run):
     """The contract (docs/design.md §4.2) on SmolLM2's own sampled trajectories: every
     generated token's log-prob from one pass over the flattened tree equals re-running its
     turn's context alone, and the rollout's recorded log-prob, within float rounding over 30
@@ -173,7 +184,7 @@ def test_tree_logprobs_equal_per_turn_recompute_on_the_real_model(smol, autocast
     0/-inf mask) both."""
     model, tok = smol
     try:
-        trajs = _rollouts(model, tok, autocast, tmp_path)
+        trajs = _rollouts(model, tok, autocast, smol_run)
         assert sum(len(t.turns) for t in trajs) >= 4
         paths = [turn_paths(t) for t in trajs]
         batch = collate([flatten(p) for p in paths], tok.pad_token_id)
@@ -283,7 +294,8 @@ def test_an_invalid_turn_leaves_only_its_state_in_mem1s_next_context(smol) -> No
 
 def test_one_ppo_iteration_on_two_tasks_flags_no_signal(smol_dir, tmp_path, caplog) -> None:
     """The untrained model never writes the format, so every reward is 0: the iteration runs
-    (rollout, learner, checkpoint) and says there was no signal, in metrics.jsonl and the log."""
+    (rollout, learner, checkpoint) and says there was no signal, in metrics.jsonl and the log.
+    1-objective tasks (2 short turns each): the check needs an iteration, not long rollouts."""
     from mem1_core.training.train_rl import train_rl
 
     cfg = load_config(
@@ -295,12 +307,10 @@ def test_one_ppo_iteration_on_two_tasks_flags_no_signal(smol_dir, tmp_path, capl
             "ppo.micro_batch_size=1",
             "ppo.ppo_epochs=1",
             "data.max_train_tasks=8",
+            "data.train_objectives=1",
             "data.eval_objectives=[2]",
             "data.max_eval_tasks=2",
-            "rollout.gen_tokens_base=16",
-            "rollout.gen_tokens_per_objective=4",
-            "rollout.turns_base=1",
-            "rollout.turns_per_objective=1",
+            *SHORT_TURNS,
         ],
     )
     with caplog.at_level(logging.WARNING, logger="mem1_core.training.train_rl"):
