@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PREFECT_FILE = ROOT / "deployments" / "prefect.yaml"
 POOL = "mem1-process"
 DEPLOYMENT = "mem1/train-eval"
+EXPERIMENT_DEPLOYMENT = "mem1/experiment"
 POLL_SECONDS = 1.0
 SERVER_STOPS_ENV = "MEM1_SERVER_STOPS_ON_EXIT"
 """Set to 1 by `./dev train-eval` when the Prefect server it started stops with it."""
@@ -316,6 +317,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         epilog="./dev train-eval also takes --keep-server: leave the Prefect server running.",
     )
     p.add_argument("--profile", default="tiny", help="config profile (tiny, smoke, smol, paper)")
+    p.add_argument(
+        "--experiment",
+        help="run the experiment deployment (mem1/experiment) with this experiment "
+        "(a name under data/experiments/, or a YAML file) instead of mem1/train-eval",
+    )
+    p.add_argument(
+        "--reuse", help="(--experiment) a finished run whose warm start and arms are linked"
+    )
     p.add_argument("--config", dest="config_path", help="YAML config file on top of the profile")
     p.add_argument(
         "--set",
@@ -345,15 +354,17 @@ def main(argv: list[str] | None = None) -> int:
 
     from flows.pipeline import default_run_name
 
-    run_name = args.run_name or default_run_name()
+    if args.experiment:
+        run_name = args.run_name or f"{Path(args.experiment).stem}-{default_run_name()}"
+    else:
+        run_name = args.run_name or default_run_name()
     run_dir = Path(args.runs_root).expanduser().resolve() / run_name
-    params = {
-        "profile": args.profile,
-        "config_path": args.config_path,
-        "overrides": args.overrides,
-        "runs_root": str(run_dir.parent),
-        "run_name": run_name,
-    }
+    deployment = EXPERIMENT_DEPLOYMENT if args.experiment else DEPLOYMENT
+    params = {"overrides": args.overrides, "runs_root": str(run_dir.parent), "run_name": run_name}
+    if args.experiment:
+        params = {"experiment": args.experiment, **params, "reuse": args.reuse}
+    else:
+        params = {"profile": args.profile, "config_path": args.config_path, **params}
     # Explicit handlers: a launcher started in the background inherits SIGINT ignored, and a
     # closed terminal (SIGHUP) or `kill` (SIGTERM) must clean up like Ctrl-C.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -372,20 +383,26 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             deploy()
             say(f"deployed {PREFECT_FILE.relative_to(ROOT)} in {time.perf_counter() - t0:.0f} s")
+        if args.experiment and (run_dir / "experiment.json").is_file():
+            say(f"{run_dir} exists: resuming it (finished stages are skipped)")
         run = run_deployment(
-            DEPLOYMENT, parameters=params, flow_run_name=run_name, timeout=0, as_subflow=False
+            deployment, parameters=params, flow_run_name=run_name, timeout=0, as_subflow=False
         )
         flow_run_id = run.id
         say(f"flow run {run.name}: {ui_url(api)}/runs/flow-run/{run.id}")
         say(
-            "(the same as: prefect deployment run mem1/train-eval "
+            f"(the same as: prefect deployment run {deployment} "
             + " ".join(f"--param {_shell_param(k, v)}" for k, v in params.items() if v)
             + ")"
         )
         final = follow(run.id, args.timeout or None, progress=run_dir / "progress.json")
         finished = True
         summary_path = run_dir / "summary.json"
-        if summary_path.exists():
+        claims = run_dir / "eval" / "headline.md"
+        if args.experiment and claims.exists():
+            print(claims.read_text().split("\n## World")[0])
+            print(f"(agents x N per world, the plots: {claims})")
+        elif summary_path.exists():
             print(headline_table(json.loads(summary_path.read_text())))
         rc = 0 if final.state.is_completed() else 1
         if rc:
@@ -405,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(sig, signal.SIG_IGN)
         if flow_run_id is not None and not finished:
             cancel(flow_run_id, worker)
+            if args.experiment:
+                say(f"to resume: the same command with --run-name {run_name}")
         if worker is not None:
             stop_process_tree(worker)
             say("worker stopped")

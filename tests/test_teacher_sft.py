@@ -463,3 +463,16 @@ def test_a_repeated_n_weights_the_warm_start_data(tmp_path, monkeypatch, capsys)
         taught = read_trajectories(out / "teacher_trajectories.parquet")
         counts = {n: sum(t.n_objectives == n for t in taught) for n in (1, 2)}
         assert counts == want, ns
+
+
+def test_an_objective_whose_lookups_ran_out_of_turns_is_answered_unknown():
+    """Forced to answer before its lookups are done (a turn budget under two per objective),
+    the teacher says it does not know, for a comparison as for a chain, instead of failing."""
+    from mem1_core.rollout.teacher import UNKNOWN, Step, final_answer
+
+    comparison = [Step(0, "Ana Bel", "Ana Bel", "1901"), Step(0, "Cor Dan", "Cor Dan", "1890")]
+    assert final_answer(comparison, ["1901", "1890"]) == "Cor Dan"
+    assert final_answer(comparison, ["1901"]) == UNKNOWN
+    chain = [Step(0, "Ana Bel", "Ana Bel", "Cor Dan"), Step(0, "Cor Dan", "Cor Dan", "1890")]
+    assert final_answer(chain, ["Cor Dan"]) == UNKNOWN
+    assert final_answer(chain, ["Cor Dan", "1890"]) == "1890"

@@ -79,8 +79,9 @@ def can_play(tasks: list[Task]) -> bool:
 
 def final_answer(steps: list[Step], found: list[str | None]) -> str:
     """The answer an objective's found facts give: a comparison names the earlier entity
-    (its two lookups found years), any other question answers with its last hop."""
-    if not steps or any(f is None for f in found):
+    (its two lookups found years), any other question answers with its last hop. An objective
+    whose lookups are not all done (the turn budget ran out first) is answered UNKNOWN."""
+    if not steps or len(found) < len(steps) or any(f is None for f in found):
         return UNKNOWN
     if _is_comparison(steps):
         years = [int(f) if f.isdigit() else None for f in found]

@@ -1,0 +1,265 @@
+"""Flow `mem1` of deployment `mem1/experiment`: the paper's experiment as one resumable deployment run.
+
+An experiment (data/experiments/<name>.yaml; mem1_core.experiment.spec) trains a warm start
+once, then each arm × training seed as a subflow run of its own (`ppo-mem1 · seed 1`), then
+evaluates every agent × seed greedily on the run's own test split and on held-out worlds
+(`evaluate · world 4242`), and publishes one headline across seeds and worlds: the claims
+table, agents × N, the learning curves and EM / peak tokens against N.
+
+Resuming: everything lives under `runs_root/run_name`. Started again with the same run name
+(after a kill, a crash or the end of a session), the run skips every finished stage and
+resumes the first that is not: a PPO arm at its newest checkpoint, an evaluation at its first
+unplayed cell. Without a run name the run directory is named after the flow run, so Prefect's
+own retry of a crashed or failed flow run (the UI's Retry: the same flow run, scheduled again
+with the same parameters) resumes it too. Prefect's `retries=` never applies to a crash (the
+process that would retry is the one that died); the run reruns only when it is retried or
+started again.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from flows.common import (
+    image_section,
+    publish_markdown,
+    publish_samples,
+    report_progress,
+    resolved,
+)
+from mem1_core.runs.atomic import write_json, write_text
+
+RUN_DIR_KEY = "mem1-experiment-run-dir"
+CLAIMS_KEY = "mem1-experiment-claims"
+HEADLINE_KEY = "mem1-experiment-headline"
+
+
+def default_experiment_run_name(experiment: str, flow_run_id: str | None) -> str:
+    """`smol-1a2b3c4d`: the experiment and the flow run's id, the same on every retry of it."""
+    stem = Path(experiment).stem
+    return f"{stem}-{flow_run_id[:8]}" if flow_run_id else stem
+
+
+def _run_name_of_this_flow_run(params: dict[str, Any]) -> str:
+    from prefect.runtime import flow_run
+
+    return params.get("run_name") or default_experiment_run_name(
+        params.get("experiment", "smol"), flow_run.id
+    )
+
+
+def _flow_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    return f"experiment · {_run_name_of_this_flow_run(flow_run.parameters or {})}"
+
+
+def _arm_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    p = flow_run.parameters or {}
+    from mem1_core.experiment.plan import ArmRun
+
+    return ArmRun(p["arm"], int(p["seed"]), Path(p["run_dir"])).label
+
+
+def _eval_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    return f"evaluate · world {(flow_run.parameters or {}).get('world')}"
+
+
+# ---- subflows -----------------------------------------------------------------------------
+
+
+@flow(name="train-arm", flow_run_name=_arm_run_name, log_prints=True)
+def train_arm(
+    experiment: str, overrides: list[str] | None, run_dir: str, arm: str, seed: int
+) -> dict[str, Any]:
+    """One arm under one training seed, from the run's warm start; skipped when finished,
+    resumed at its newest checkpoint when started."""
+    from mem1_core.experiment.plan import ArmRun, arm_dir, finished
+    from mem1_core.experiment.spec import arm_config, load_experiment
+    from mem1_core.runs.host_memory import release_freed_memory
+    from mem1_core.runs.layout import WARM_START, RunPaths, resolve_init
+
+    spec = load_experiment(experiment, overrides)
+    cfg = arm_config(spec, arm, seed)
+    root = Path(run_dir)
+    run = ArmRun(arm, seed, arm_dir(root, arm, seed))
+    if finished(run, cfg):
+        print(f"{run.label}: finished before, reused ({run.dir})")
+        if run.trainer == "sft":
+            return json.loads((run.dir / "result.json").read_text())
+        rows = RunPaths(run.dir).read_metrics()
+        return {"out": str(run.dir), "iterations": rows[-1]["iteration"] + 1, "metrics": rows[-1]}
+    init = resolve_init(root / WARM_START)
+    if run.trainer == "ppo":
+        from mem1_core.training.train_rl import train_rl
+
+        started = run.dir.exists() and any(run.dir.iterdir())
+        print(f"{run.label}: {'resuming' if started else 'training'} in {run.dir}")
+        result = train_rl(cfg, run.dir, resume=started, init=init, use_ray=spec.ray, show=False)
+    else:
+        from mem1_core.training.sft import train_sft
+
+        result = train_sft(
+            cfg, run.dir, objectives=cfg.data.train_objectives, init=init,
+            assets_dir=root, resume=True, progress=False,
+        )  # fmt: skip
+    release_freed_memory(run.label)  # the next arm trains in this process
+    return result
+
+
+@flow(name="evaluate-world", flow_run_name=_eval_run_name, log_prints=True)
+def evaluate_world(
+    experiment: str, overrides: list[str] | None, run_dir: str, world: int
+) -> dict[str, Any]:
+    """Every agent × seed on world `world`, greedy, at the experiment's N; resumed at the first
+    cell not yet played."""
+    from mem1_core.evaluation.stage import run_objective_scaling
+    from mem1_core.experiment.plan import eval_agents, world_dirs
+    from mem1_core.experiment.spec import eval_config, load_experiment
+    from mem1_core.runs.host_memory import release_freed_memory
+
+    spec = load_experiment(experiment, overrides)
+    assets, out = world_dirs(Path(run_dir), world)
+    agents = eval_agents(spec, Path(run_dir))
+    print(f"world {world}: {[a[0] for a in agents]} at N={list(spec.objectives)}")
+    result = run_objective_scaling(
+        eval_config(spec, world), assets, out, agents,
+        teacher=spec.teacher, objectives=spec.objectives, progress=False,
+    )  # fmt: skip
+    release_freed_memory(f"evaluation of world {world}")
+    return {"out": str(out), "samples": result["samples"]}
+
+
+# ---- the experiment ------------------------------------------------------------------------
+
+WALLS_FILE = "walls.json"
+"""Each stage's wall seconds, summed over the attempts that did work on it (a resumed stage
+adds its resumed part; one found finished adds nothing): the experiment's timing table."""
+
+
+def timed(run_dir: Path, stage: str, fn, *args, done_before: bool = False):
+    """Run `fn(*args)` (a subflow) and add its wall time to the stage's in walls.json."""
+    import time
+
+    from mem1_core.runs.atomic import write_json as write
+
+    t0 = time.perf_counter()
+    out = fn(*args)
+    if not done_before:
+        path = run_dir / WALLS_FILE
+        walls = json.loads(path.read_text()) if path.is_file() else {}
+        walls[stage] = round(walls.get(stage, 0.0) + time.perf_counter() - t0, 1)
+        write(walls, path)
+    return out
+
+
+def write_headline(spec, cfg, run_dir: Path, worlds: list[int]) -> dict[str, Any]:
+    """eval/headline.{json,md} and the two plots, from the evaluations' trajectories and the
+    arms' metrics. -> the headline, its markdown and the plots."""
+    from mem1_core.experiment.headline import experiment_headline, read_scores
+    from mem1_core.experiment.plan import arm_runs, world_dirs
+    from mem1_core.experiment.report import headline_markdown, plot_curves, plot_scaling, read_curve
+
+    evals = {w: read_scores(world_dirs(run_dir, w)[1]) for w in worlds}
+    h = experiment_headline(
+        evals, worlds[0], cfg.data.train_objectives, spec.se_bar, spec.peak_ratio_bar, spec.name
+    )
+    curves = {r.label: read_curve(r.dir) for r in arm_runs(spec, run_dir) if r.trainer == "ppo"}
+    h["curves"] = curves
+    walls = run_dir / WALLS_FILE
+    h["walls"] = json.loads(walls.read_text()) if walls.is_file() else {}
+    out = run_dir / "eval"
+    plots = {
+        "Learning curves (held-out EM, sampled reward, KL), per arm and seed": plot_curves(
+            curves, cfg.data.train_objectives, out / "curves.png"
+        ),
+        "EM and peak tokens against N, per world": plot_scaling(h, out / "scaling.png"),
+    }
+    md = f"# Experiment `{spec.name}`: `{run_dir.name}`\n\n{headline_markdown(h)}"
+    write_json(h, out / "headline.json")
+    write_text(md, out / "headline.md")
+    return {"headline": h, "markdown": md, "plots": {k: str(v) for k, v in plots.items() if v}}
+
+
+# The flow is named `mem1`, as the pipeline's is, so that its deployment is `mem1/experiment`
+# beside `mem1/train-eval`; the run names (`experiment · smol-…`) tell the two apart.
+@flow(name="mem1", flow_run_name=_flow_run_name, log_prints=True)
+def experiment(
+    experiment: str = "smol",
+    overrides: list[str] | None = None,
+    runs_root: str | None = None,
+    run_name: str | None = None,
+    reuse: str | None = None,
+) -> dict[str, Any]:
+    """The experiment `experiment` (a name under data/experiments/, or a YAML path), with
+    `overrides` (`section.field=value`) over its settings, under `runs_root/run_name`; `reuse`:
+    a finished run whose warm start and arms are linked, not trained again."""
+    from flows.pipeline import resolve_runs_root
+    from flows.stages import warm_start
+    from mem1_core.experiment.plan import arm_runs, check_run_dir, finished, link_reused
+    from mem1_core.experiment.spec import arm_config, base_config, load_experiment
+
+    overrides = list(overrides or [])
+    spec = load_experiment(experiment, overrides)  # a bad file fails here, before any work
+    cfg = base_config(spec)
+    name = _run_name_of_this_flow_run({"experiment": experiment, "run_name": run_name})
+    run_dir = resolve_runs_root(runs_root) / name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    check_run_dir(run_dir, spec, cfg)
+    report_progress(run_dir)  # the launcher's status line, and each stage's log
+    if reuse:
+        print(
+            f"linked from {reuse}: {link_reused(spec, cfg, Path(reuse), run_dir) or 'nothing new'}"
+        )
+    print(f"experiment {spec.name}: run directory {run_dir}")
+    publish_markdown(
+        RUN_DIR_KEY,
+        f"# Experiment `{spec.name}`, run `{name}`\n\nEverything it writes is under\n\n"
+        f"`{run_dir}`\n\nStarted again with `run_name={name}`, it resumes there.\n",
+        f"Run directory of experiment run {name}",
+    )
+    warm_done = (run_dir / "warm_start" / "result.json").is_file()
+    timed(run_dir, "warm start", warm_start, spec.profile, None, list(spec.overrides),
+          str(run_dir), resolved(cfg), done_before=warm_done)  # fmt: skip
+    for run in arm_runs(spec, run_dir):
+        done = finished(run, arm_config(spec, run.arm, run.seed))
+        timed(run_dir, run.label, train_arm, experiment, overrides, str(run_dir), run.arm,
+              run.seed, done_before=done)  # fmt: skip
+    worlds = [cfg.world.seed, *(w for w in spec.worlds if w != cfg.world.seed)]
+    samples = {}
+    for w in worlds:
+        got = timed(run_dir, f"evaluation, world {w}", evaluate_world, experiment, overrides,
+                    str(run_dir), w)  # fmt: skip
+        samples = got["samples"]
+    made = write_headline(spec, cfg, run_dir, worlds)
+    from mem1_core.experiment.report import claims_markdown
+
+    publish_markdown(
+        CLAIMS_KEY,
+        f"# The paper's claims: experiment `{spec.name}`\n\n{claims_markdown(made['headline'])}",
+        f"Claims of experiment run {name}, per world, per seed and pooled",
+    )
+    publish_markdown(
+        HEADLINE_KEY,
+        f"{made['markdown']}\n\n{image_section(made['plots'])}",
+        f"Headline of experiment run {name}: claims, agents × N, curves",
+    )
+    publish_samples(samples)  # the last world's sample trajectories
+    print(claims_markdown(made["headline"]))
+    return {
+        "run_name": name,
+        "run_dir": str(run_dir),
+        "headline": str(run_dir / "eval" / "headline.json"),
+        "claims": [
+            {"label": c["label"], **{w: g["verdict"] for w, g in c["worlds"].items()}}
+            for c in made["headline"]["claims"]
+        ],
+    }

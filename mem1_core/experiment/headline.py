@@ -1,0 +1,256 @@
+"""The experiment's headline across training seeds and worlds, computed once from the tasks'
+own scores and written to `eval/headline.json`; everything else renders it.
+
+The estimators are ESTIMATOR's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mem1_core.experiment.plan import split_agent
+
+HEADLINE_SCHEMA = 1
+
+ESTIMATOR = """Estimators (per world, agent, N; T tasks, the same for every agent and seed):
+- a seed's cell: the mean over tasks of each task's EM fraction (or peak tokens) ± the
+  standard error of that mean;
+- the pooled cell: each task's score averaged over the agent's seeds, then the mean over tasks
+  ± the standard error over tasks of those averages. Tasks are the sampling unit; the spread
+  between seeds is shown by the per-seed rows, not folded into this error;
+- a difference a − b: per seed, a under that seed against b under the same seed (b's pooled
+  score where b has no such seed: the warm start, an arm trained once); pooled, the per-task
+  difference of the seed-averaged scores. `se` treats a and b as independent, `se_paired` is
+  the standard error of the per-task differences (they played the same tasks: the error to
+  test a difference with);
+- a ratio a / b (peak tokens): the ratio of the means, its error by the delta method.
+
+A claim holds on a world at the stated bar only where it holds for every seed on its own and
+pooled: one seed's paired error measures task noise, not training noise.
+"""
+"""How the headline's figures are estimated (headline.json carries it)."""
+POOLED = "pooled"
+
+Scores = dict[str, dict[int, dict[str, tuple[float, float]]]]
+"""agent name (with its seed: `mem1-ppo-s1`) -> N -> task id -> (EM fraction, peak tokens)."""
+
+
+def read_scores(eval_dir: str | Path) -> Scores:
+    """Each evaluated cell's per-task scores, from its trajectories (`<agent>_n<N>.parquet`)."""
+    import pyarrow.parquet as pq
+
+    out: Scores = {}
+    for path in sorted((Path(eval_dir) / "trajectories").glob("*_n*.parquet")):
+        agent, _, n = path.stem.rpartition("_n")
+        if not n.isdigit():
+            continue
+        t = pq.read_table(path, columns=["task_id", "reward", "peak_tokens"]).to_pydict()
+        out.setdefault(agent, {})[int(n)] = {
+            str(i): (float(r), float(p))
+            for i, r, p in zip(t["task_id"], t["reward"], t["peak_tokens"], strict=True)
+        }
+    return out
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def _se(xs: list[float]) -> float | None:
+    """Standard error of the mean (None below two values: no spread to see)."""
+    if len(xs) < 2:
+        return None
+    m = _mean(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
+
+
+def _per_task(scores: Scores, names: list[str], n: int, k: int) -> dict[str, float] | None:
+    """Task id -> score `k` (0: EM, 1: peak tokens) averaged over the agents `names` (one
+    agent's seeds); None unless every one of them played the same tasks at N=`n`."""
+    cells = [scores.get(a, {}).get(n) for a in names]
+    if not cells or any(c is None for c in cells) or any(set(c) != set(cells[0]) for c in cells):
+        return None
+    return {t: _mean([c[t][k] for c in cells]) for t in cells[0]}
+
+
+def _names(seeds: Mapping[str, list], agent: str, seed) -> list[str]:
+    """The evaluated names of `agent` under `seed`: that seed's, or all of its seeds' where
+    `seed` is POOLED or not one of the agent's (the warm start: its one run)."""
+    own = seeds[agent]
+    pick = own if seed == POOLED or seed not in own else [seed]
+    return [agent if x is None else f"{agent}-s{x}" for x in pick]
+
+
+def _cell(per_em: dict[str, float], per_peak: dict[str, float], n: int) -> dict[str, Any]:
+    em, peak = list(per_em.values()), list(per_peak.values())
+    se = _se(em)
+    return {
+        "tasks": len(em),
+        "em_frac": _mean(em), "em_frac_se": se,
+        "em_sum": _mean(em) * n, "em_sum_se": None if se is None else se * n,
+        "peak_tokens": _mean(peak), "peak_tokens_se": _se(peak),
+    }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One of the paper's claims, as a comparison at one N and the bar it must clear."""
+
+    key: str
+    label: str
+    a: str
+    b: str
+    metric: str
+    """`em_frac` (a difference, bar in standard errors) or `peak_tokens` (a ratio, bar a
+    number it must not exceed)."""
+    n: int
+
+
+def claims_for(train_n: int, objectives: list[int]) -> list[Claim]:
+    """The paper's claims, by what they claim: MEM1 above its start at the training N (§5.2),
+    MEM1 above the full context at N=8 and 16 (Table 1), MEM1's peak tokens at N=16 relative to
+    the full context's (Table 1: 0.27), RL above SFT at every N ≥ 4 (§5.4)."""
+    out = [Claim("mem1_above_start", f"MEM1 above its start at N={train_n}",
+                 "mem1-ppo", "warm-start", "em_frac", train_n)]  # fmt: skip
+    out += [
+        Claim(f"mem1_above_full@{n}", f"MEM1 above full context at N={n}",
+              "mem1-ppo", "full-ppo", "em_frac", n)
+        for n in (8, 16)
+    ]  # fmt: skip
+    out.append(Claim("mem1_peak_over_full@16", "MEM1's peak tokens at N=16 / full context's",
+                     "mem1-ppo", "full-ppo", "peak_tokens", 16))  # fmt: skip
+    out += [
+        Claim(f"rl_above_sft@{n}", f"RL above SFT at N={n}", "mem1-ppo", "mem1-sft", "em_frac", n)
+        for n in objectives
+        if n >= 4
+    ]
+    return out
+
+
+def _compare(metric: str, a: dict[str, float], b: dict[str, float], n: int) -> dict[str, Any]:
+    """a − b (EM) or a / b (peak tokens) of two per-task score maps over the same tasks."""
+    ma, mb = _mean(list(a.values())), _mean(list(b.values()))
+    sa, sb = _se(list(a.values())), _se(list(b.values()))
+    if metric == "peak_tokens":
+        value = ma / mb if mb else None
+        se = (
+            value * math.hypot(sa / ma, sb / mb)
+            if value is not None and ma and sa is not None and sb is not None
+            else None
+        )
+        return {"value": value, "se": se}
+    paired = _se([a[t] - b[t] for t in a])
+    se = math.hypot(sa, sb) if sa is not None and sb is not None else None
+    return {
+        "value": ma - mb, "se": se, "se_paired": paired,
+        "value_sum": (ma - mb) * n, "se_sum_paired": None if paired is None else paired * n,
+    }  # fmt: skip
+
+
+def world_headline(scores: Scores) -> dict[str, Any]:
+    """One world's cells (each agent per seed and pooled) and every comparison the claims
+    draw on, per seed and pooled."""
+    seeds: dict[str, list[int | None]] = {}
+    for name in scores:
+        base, seed = split_agent(name)
+        seeds.setdefault(base, []).append(seed)
+    seeds = {a: sorted(s, key=lambda x: -1 if x is None else x) for a, s in seeds.items()}
+    ns = sorted({n for by_n in scores.values() for n in by_n})
+
+    cells = []
+    for agent, own in seeds.items():
+        for seed in [*(s for s in own if s is not None), POOLED]:
+            for n in ns:
+                em = _per_task(scores, _names(seeds, agent, seed), n, 0)
+                peak = _per_task(scores, _names(seeds, agent, seed), n, 1)
+                if em is not None:
+                    cells.append({"agent": agent, "seed": seed, "N": n, **_cell(em, peak, n)})
+    return {"objectives": ns, "seeds": seeds, "cells": cells, "scores": scores}
+
+
+def compare(world: Mapping[str, Any], a: str, b: str, metric: str, n: int, seed) -> dict | None:
+    """a against b at N=`n` under `seed` (an int, or POOLED) on one world's headline: a's
+    seed against b's same seed, or b's pooled scores where b has no such seed."""
+    seeds, scores = world["seeds"], world["scores"]
+    if a not in seeds or b not in seeds:
+        return None
+    k = 0 if metric == "em_frac" else 1
+
+    ta = _per_task(scores, _names(seeds, a, seed), n, k)
+    tb = _per_task(scores, _names(seeds, b, seed), n, k)
+    if ta is None or tb is None or set(ta) != set(tb) or not ta:
+        return None
+    return _compare(metric, ta, tb, n)
+
+
+def _holds(claim: Claim, got: dict[str, Any], se_bar: float, ratio_bar: float) -> dict:
+    if claim.metric == "peak_tokens":
+        ok = got["value"] is not None and got["value"] <= ratio_bar
+        return got | {"holds": ok}
+    se = got.get("se_paired") or got.get("se")
+    z = None if not se else got["value"] / se
+    return got | {"z": z, "holds": z is not None and z > se_bar}
+
+
+def judge_claims(
+    worlds: Mapping[str, Mapping[str, Any]], claims: list[Claim], se_bar: float, ratio_bar: float
+) -> list[dict[str, Any]]:
+    """Each claim on each world: its figure per seed of MEM1 and pooled, whether each clears the
+    bar, and the verdict (`holds`: pooled and every seed; `seed 0 only`: the seeds that do)."""
+    out = []
+    for c in claims:
+        row = {"key": c.key, "label": c.label, "a": c.a, "b": c.b, "N": c.n, "metric": c.metric,
+               "bar": f"≤ {ratio_bar:g}" if c.metric == "peak_tokens" else f"> {se_bar:g} SE",
+               "worlds": {}}  # fmt: skip
+        for w, world in worlds.items():
+            seeds = [s for s in world["seeds"].get(c.a, []) if s is not None]
+            per_seed = {}
+            for s in seeds:
+                got = compare(world, c.a, c.b, c.metric, c.n, s)
+                if got is not None:
+                    per_seed[str(s)] = _holds(c, got, se_bar, ratio_bar)
+            pooled = compare(world, c.a, c.b, c.metric, c.n, POOLED)
+            if pooled is None:
+                continue
+            pooled = _holds(c, pooled, se_bar, ratio_bar)
+            held = [s for s, g in per_seed.items() if g["holds"]]
+            if pooled["holds"] and len(held) == len(per_seed):
+                verdict = "holds"
+            elif held:
+                verdict = f"seed {', '.join(held)} only"
+            else:
+                verdict = "does not hold"
+            row["worlds"][w] = {"seeds": per_seed, POOLED: pooled, "verdict": verdict}
+        if row["worlds"]:
+            out.append(row)
+    return out
+
+
+def experiment_headline(
+    evals: Mapping[int, Scores],
+    own_world: int,
+    train_n: int,
+    se_bar: float,
+    ratio_bar: float,
+    experiment: str = "",
+) -> dict[str, Any]:
+    """THE experiment headline from each world's per-task scores (`read_scores`)."""
+    worlds = {str(w): world_headline(s) for w, s in evals.items()}
+    ns = sorted({n for w in worlds.values() for n in w["objectives"]})
+    claims = judge_claims(worlds, claims_for(train_n, ns), se_bar, ratio_bar)
+    for w in worlds.values():  # the per-task scores stay in the trajectories
+        w.pop("scores")
+    return {
+        "schema": HEADLINE_SCHEMA,
+        "experiment": experiment,
+        "train_objectives": train_n,
+        "own_world": own_world,
+        "estimator": ESTIMATOR,
+        "worlds": {w: {"own": w == str(own_world), **h} for w, h in worlds.items()},
+        "claims": claims,
+        "bars": {"se": se_bar, "peak_ratio": ratio_bar},
+    }

@@ -1,0 +1,188 @@
+"""The experiment's headline as a reader sees it: the claims table, each world's agents × N
+(pooled over seeds, and per seed) in both units, and two plots: the PPO arms' held-out learning
+curves per seed, and EM and peak tokens against N per world with error bars."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mem1_core.experiment.headline import POOLED
+
+
+def _pm(v: float | None, se: float | None, digits: int = 3) -> str:
+    if v is None:
+        return "–"
+    return f"{v:.{digits}f}" + ("" if se is None else f" ± {se:.{digits}f}")
+
+
+def claim_figure(g: dict[str, Any], metric: str) -> str:
+    """`+0.057 ± 0.015 (3.9 SE)` for a difference (its paired SE), `0.21 ± 0.06` for a ratio."""
+    if metric == "peak_tokens":
+        return _pm(g["value"], g.get("se"), 2)
+    se = g.get("se_paired") or g.get("se")
+    text = f"{g['value']:+.3f}" + ("" if se is None else f" ± {se:.3f}")
+    return text + ("" if g.get("z") is None else f" ({g['z']:+.1f} SE)")
+
+
+def claims_markdown(h: dict[str, Any]) -> str:
+    """One row per claim and world: pooled figure, each seed's, the bar and the verdict."""
+    seeds = sorted({s for c in h["claims"] for w in c["worlds"].values() for s in w["seeds"]})
+    head = ["claim", "world", "bar", POOLED, *(f"seed {s}" for s in seeds), "verdict"]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for c in h["claims"]:
+        for w, got in c["worlds"].items():
+            own = " (own)" if h["worlds"][w]["own"] else ""
+            cols = [c["label"], f"{w}{own}", c["bar"], claim_figure(got[POOLED], c["metric"])]
+            for s in seeds:
+                g = got["seeds"].get(s)
+                cols.append(
+                    claim_figure(g, c["metric"]) + (" ✓" if g["holds"] else "") if g else ""
+                )
+            verdict = got["verdict"]
+            cols.append(f"**{verdict}**" if verdict == "holds" else verdict)
+            lines.append("| " + " | ".join(cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def world_markdown(w: str, world: dict[str, Any]) -> str:
+    """Agents × N on one world: EM fraction ± SE (mean peak tokens), then EM summed over
+    objectives (the paper's 0..N), one row per agent pooled over its seeds and one per seed."""
+    ns = world["objectives"]
+    by = {(c["agent"], str(c["seed"]), c["N"]): c for c in world["cells"]}
+    rows = []
+    for agent, seeds in world["seeds"].items():
+        rows.append((agent, POOLED))
+        if len([s for s in seeds if s is not None]) > 1:
+            rows += [(f"{agent} · seed {s}", str(s)) for s in seeds if s is not None]
+    head = "| agent | " + " | ".join(f"N={n}" for n in ns) + " |\n" + "|---" * (len(ns) + 1) + "|"
+    out = []
+    for title, fmt in (
+        ("EM fraction ± SE (mean peak tokens)",
+         lambda c: f"{_pm(c['em_frac'], c['em_frac_se'])} ({c['peak_tokens']:,.0f})"),
+        ("EM summed over objectives ± SE (the paper's units, 0..N)",
+         lambda c: _pm(c["em_sum"], c["em_sum_se"], 2)),
+    ):  # fmt: skip
+        out += [f"World {w}{' (the run’s own test split)' if world['own'] else ' (held out)'}: "
+                f"{title}.", "", head]  # fmt: skip
+        for label, seed in rows:
+            agent = label.split(" · ")[0]
+            cells = [by.get((agent, seed, n)) for n in ns]
+            out.append(f"| {label} | " + " | ".join(fmt(c) if c else "" for c in cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def headline_markdown(h: dict[str, Any]) -> str:
+    parts = [
+        f"## Claims (bars: {h['bars']['se']:g} paired SE; peak-token ratio ≤ "
+        f"{h['bars']['peak_ratio']:g}; ✓ a seed that clears it)\n",
+        claims_markdown(h),
+    ]
+    for w, world in h["worlds"].items():
+        parts.append(f"## World {w}\n\n{world_markdown(w, world)}")
+    if h.get("walls"):
+        rows = "\n".join(f"| {k} | {v / 60:.1f} |" for k, v in h["walls"].items())
+        total = sum(h["walls"].values()) / 60
+        parts.append(f"## Wall time per stage\n\n| stage | minutes |\n|---|---|\n{rows}\n"
+                     f"| total | {total:.1f} |\n")  # fmt: skip
+    parts.append(f"## How the figures are estimated\n\n{h['estimator']}")
+    return "\n".join(parts)
+
+
+# ---- curves -------------------------------------------------------------------------------
+
+
+def read_curve(run_dir: Path) -> list[dict[str, Any]]:
+    """One row per PPO iteration of an arm run: sampled reward, KL to the start, the held-out
+    EM at the training N (`eval/reward`) and at longer N (`eval/n<N>/reward`)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    keep = ("iteration", "reward", "kl", "eval/reward", "seconds")
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [
+        {k: r[k] for k in r if k in keep or (k.startswith("eval/n") and k.endswith("/reward"))}
+        for r in rows
+        if "iteration" in r
+    ]
+
+
+def plot_curves(curves: dict[str, list[dict]], train_n: int, path: Path) -> Path | None:
+    """Held-out EM against PPO iterations (training N solid, longer N dashed), the sampled
+    reward and the KL to the start: one colour per arm, one marker per seed."""
+    if not any(curves.values()):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (held, sampled, kl) = plt.subplots(1, 3, figsize=(17, 4.2), gridspec_kw={"wspace": 0.25})
+    arms = sorted({label.split(" · ")[0] for label in curves})
+    for label, rows in curves.items():
+        arm, _, seed = label.partition(" · ")
+        color = f"C{arms.index(arm)}"
+        marker = "osd^v"[int(seed.split()[-1]) % 5] if seed else "o"
+        it = [r["iteration"] + 1 for r in rows]
+        sampled.plot(
+            it, [r.get("reward") for r in rows], marker + "-", color=color, ms=3, label=label
+        )
+        kl.plot(it, [r.get("kl") for r in rows], marker + "-", color=color, ms=3, label=label)
+        keys = ["eval/reward"] + sorted(
+            {k for r in rows for k in r if k.startswith("eval/n")}, key=lambda s: int(s[6:-7])
+        )
+        for key, style in zip(keys, ("-", "--", ":", "-."), strict=False):
+            pts = [(r["iteration"] + 1, r[key]) for r in rows if r.get(key) is not None]
+            n = train_n if key == "eval/reward" else int(key[6:-7])
+            if pts:
+                held.plot(
+                    *zip(*pts, strict=True), marker + style, color=color, label=f"{label}, N={n}"
+                )
+    for ax, title in ((held, "held-out EM (greedy)"), (sampled, f"sampled reward, N={train_n}"),
+                      (kl, "KL to the warm start (per token)")):  # fmt: skip
+        ax.set_xlabel("PPO iteration")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        if ax.has_data():
+            ax.legend(fontsize=7)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def plot_scaling(h: dict[str, Any], path: Path) -> Path | None:
+    """Per world, EM fraction and peak tokens against N, pooled over seeds, ± SE."""
+    worlds = h["worlds"]
+    if not worlds:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(worlds), figsize=(6 * len(worlds), 8), squeeze=False)
+    for col, (w, world) in enumerate(worlds.items()):
+        em_ax, peak_ax = axes[0][col], axes[1][col]
+        for k, agent in enumerate(world["seeds"]):
+            cells = sorted(
+                (c for c in world["cells"] if c["agent"] == agent and c["seed"] == POOLED),
+                key=lambda c: c["N"],
+            )
+            ns = [c["N"] for c in cells]
+            em_ax.errorbar(ns, [c["em_frac"] for c in cells], yerr=[c["em_frac_se"] or 0 for c in cells],
+                           fmt="o-", color=f"C{k}", capsize=3, label=agent)  # fmt: skip
+            peak_ax.errorbar(ns, [c["peak_tokens"] for c in cells],
+                             yerr=[c["peak_tokens_se"] or 0 for c in cells],
+                             fmt="o-", color=f"C{k}", capsize=3, label=agent)  # fmt: skip
+        tag = "own test split" if world["own"] else "held out"
+        for ax, what in ((em_ax, "EM fraction"), (peak_ax, "peak tokens")):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("objectives N")
+            ax.set_title(f"world {w} ({tag}): {what}, pooled over seeds, ± SE")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return path

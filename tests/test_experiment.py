@@ -1,0 +1,297 @@
+"""The experiment's settings, its stages' bookkeeping and its headline across seeds and worlds.
+
+The headline is checked against the estimators computed here by hand, the slow obvious way:
+per seed the mean and standard error over tasks; pooled, each task's score averaged over seeds
+first; a difference's paired error over the per-task differences; a claim held only where every
+seed and the pooled figure clear the bar."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from mem1_core.experiment.headline import (
+    POOLED,
+    claims_for,
+    experiment_headline,
+    read_scores,
+)
+from mem1_core.experiment.plan import (
+    ArmRun,
+    arm_runs,
+    check_run_dir,
+    eval_agents,
+    finished,
+    link_reused,
+    split_agent,
+)
+from mem1_core.experiment.report import claims_markdown, headline_markdown, plot_scaling
+from mem1_core.experiment.spec import base_config, eval_config, load_experiment
+
+# ---- settings -----------------------------------------------------------------------------
+
+
+def test_the_smol_experiment_reads_its_settings_and_a_set_wins():
+    spec = load_experiment("smol")
+    assert spec.arms == {"mem1-ppo": (0, 1), "full-ppo": (0, 1), "mem1-sft": (0,)}
+    assert spec.worlds == (4242,) and spec.objectives == (1, 2, 4, 8, 16)
+    c = base_config(spec)
+    assert (c.ppo.iterations, c.ppo.actor_lr, c.ppo.critic_lr, c.sft.steps) == (16, 1e-5, 5e-5, 64)
+    # 4 held-out points over the 16 iterations, at N=8 beside the training N
+    assert c.ppo.eval_every == 4 and list(c.ppo.eval_objectives) == [8]
+    c = base_config(load_experiment("smol", ["ppo.iterations=8", "ppo.actor_lr=3e-5"]))
+    assert (c.ppo.iterations, c.ppo.actor_lr, c.ppo.eval_every) == (8, 3e-5, 2)
+    # the experiment's own keys from the command line: another N, more tasks, a third seed
+    more = load_experiment(
+        "smol",
+        ["experiment.eval.objectives=[2]", "experiment.eval.objectives_per_n=512",
+         "experiment.arms.mem1-ppo=[0, 1, 2]", "ppo.iterations=8"],
+    )  # fmt: skip
+    assert more.objectives == (2,) and more.objectives_per_n == 512
+    assert more.arms["mem1-ppo"] == (0, 1, 2) and "ppo.iterations=8" in more.overrides
+    assert not any(o.startswith("experiment.") for o in more.overrides)
+    smoke = load_experiment("smoke")  # evaluation-only settings reach the evaluation alone
+    assert eval_config(smoke, 0).rollout.turns_per_objective == 1
+    assert base_config(smoke).rollout.turns_per_objective == 2
+    ev = eval_config(spec, 4242)
+    assert ev.world.seed == 4242 and ev.data.eval_tasks(16) == 8 and ev.data.eval_tasks(1) == 128
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("profile: smoke\narms: {mem1-ppo: [0]}\nevals: {}\n", "unknown keys"),
+        ("profile: smoke\narms: {ppo: [0]}\n", "arms"),
+        ("profile: smoke\narms: {mem1-ppo: [0]}\neval: {agents: [full-ppo]}\n", "does not train"),
+        ("arms: {mem1-ppo: [0]}\n", "profile"),
+    ],
+)
+def test_a_bad_experiment_file_says_what_to_fix(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        load_experiment(str(path))
+    with pytest.raises(ValueError, match="the experiments are"):
+        load_experiment("no-such-experiment")
+
+
+# ---- stages -------------------------------------------------------------------------------
+
+
+def _metrics(run_dir: Path, rows: list[dict]) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_an_arm_is_finished_only_at_its_count(tmp_path):
+    spec = load_experiment("smoke")
+    cfg = base_config(spec)  # 2 PPO iterations
+    run = ArmRun("mem1-ppo", 1, tmp_path / "ppo_mem1" / "seed1")
+    assert not finished(run, cfg)
+    _metrics(run.dir, [{"iteration": 0}])
+    assert not finished(run, cfg)
+    _metrics(run.dir, [{"iteration": 0}, {"iteration": 1}])  # no stopped_by: killed after it
+    assert not finished(run, cfg)
+    _metrics(run.dir, [{"iteration": 0}, {"iteration": 1, "stopped_by": "iterations"}])
+    assert finished(run, cfg)
+    sft = ArmRun("mem1-sft", 0, tmp_path / "sft_mem1" / "seed0")
+    _metrics(sft.dir, [{"step": 3, "stopped_by": "steps"}])
+    assert not finished(sft, cfg)  # no policy nor result.json yet
+    (sft.dir / "policy").mkdir()
+    (sft.dir / "result.json").write_text("{}")
+    assert finished(sft, cfg)
+
+
+def test_reuse_links_finished_arms_and_refuses_one_short_of_its_count(tmp_path):
+    spec = load_experiment("smoke")
+    cfg = base_config(spec)
+    src = tmp_path / "src"
+    (src / "warm_start" / "policy").mkdir(parents=True)
+    check_run_dir(src, spec, cfg)  # its record: the same training settings
+    _metrics(src / "ppo_mem1" / "seed0", [{"iteration": 1, "stopped_by": "iterations"}])
+    out = tmp_path / "new"
+    linked = link_reused(spec, cfg, src, out)
+    assert sorted(linked) == ["ppo_mem1/seed0", "warm_start"]
+    assert (out / "ppo_mem1" / "seed0").resolve() == (src / "ppo_mem1" / "seed0").resolve()
+    assert not (out / "ppo_full").exists()  # never ran there: trained here
+    _metrics(src / "ppo_full" / "seed1", [{"iteration": 0}])
+    with pytest.raises(ValueError, match=r"ppo-full · seed 1 has not finished its 2 iterations"):
+        link_reused(spec, cfg, src, tmp_path / "other")
+    # a run trained under other settings is not this experiment's, whatever it has finished
+    other = load_experiment("smoke", ["ppo.actor_lr=3e-5"])
+    with pytest.raises(ValueError, match=r"other settings \(ppo.actor_lr\)"):
+        link_reused(other, base_config(other), src, tmp_path / "third")
+
+
+def test_a_run_directory_refuses_a_config_that_trains_differently(tmp_path):
+    spec = load_experiment("smoke")
+    check_run_dir(tmp_path, spec, base_config(spec))
+    check_run_dir(tmp_path, spec, base_config(spec))  # the same again: resumed
+    # another seed, world or N is new work on the same arms: allowed
+    more = load_experiment("smoke", ["experiment.arms.mem1-ppo=[0, 1, 2]", "eval.scorer=squad"])
+    check_run_dir(tmp_path, more, base_config(more))
+    lr = load_experiment("smoke", ["ppo.actor_lr=3e-5"])
+    with pytest.raises(ValueError, match=r"other settings \(ppo.actor_lr\); give another run name"):
+        check_run_dir(tmp_path, lr, base_config(lr))
+
+
+def test_each_arm_and_seed_is_a_stage_and_each_agent_seed_is_evaluated(tmp_path):
+    spec = load_experiment("smoke")
+    runs = arm_runs(spec, tmp_path)
+    assert [r.label for r in runs] == [
+        "ppo-mem1 · seed 0", "ppo-mem1 · seed 1", "ppo-full · seed 0", "ppo-full · seed 1",
+        "sft-mem1 · seed 0",
+    ]  # fmt: skip
+    for d in [tmp_path / "warm_start", *(r.dir for r in runs)]:
+        (d / "policy").mkdir(parents=True)
+        for name in ("config.json", "model.safetensors"):  # a saved policy, as far as found
+            (d / "policy" / name).write_text("{}")
+    agents = eval_agents(spec, tmp_path)
+    assert [(a, m) for a, _, m in agents] == [
+        ("warm-start", "mem1"), ("mem1-ppo-s0", "mem1"), ("mem1-ppo-s1", "mem1"),
+        ("full-ppo-s0", "full"), ("full-ppo-s1", "full"), ("mem1-sft-s0", "mem1"),
+    ]  # fmt: skip
+    assert [split_agent(a) for a, _, _ in agents][:2] == [("warm-start", None), ("mem1-ppo", 0)]
+    assert split_agent("mem1-ppo-s1") == ("mem1-ppo", 1)
+    assert split_agent("warm-start") == ("warm-start", None)
+
+
+# ---- the headline, against the estimators computed by hand ---------------------------------
+
+
+def _scores(rng: random.Random, tasks: int, p: dict[str, float], peak: dict[str, float]):
+    """agent -> {N: {task: (EM, peak)}} with EM ~ Bernoulli(p[agent]) per task."""
+    out = {}
+    for agent, prob in p.items():
+        for n in (2, 8, 16):
+            out.setdefault(agent, {})[n] = {
+                f"t{n}-{k}": (float(rng.random() < prob), peak[split_agent(agent)[0]] * n + k)
+                for k in range(tasks)
+            }
+    return out
+
+
+P = {"warm-start": 0.3, "mem1-ppo-s0": 0.6, "mem1-ppo-s1": 0.35, "full-ppo-s0": 0.3,
+     "full-ppo-s1": 0.3, "mem1-sft-s0": 0.1}  # fmt: skip
+PEAK = {"warm-start": 30.0, "mem1-ppo": 30.0, "full-ppo": 200.0, "mem1-sft": 30.0}
+
+
+def _se(xs):
+    m = sum(xs) / len(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
+
+
+@pytest.fixture(scope="module")
+def headline():
+    rng = random.Random(7)
+    evals = {0: _scores(rng, 64, P, PEAK), 4242: _scores(rng, 64, P, PEAK)}
+    return experiment_headline(evals, 0, 2, se_bar=2.0, ratio_bar=0.3), evals
+
+
+def test_cells_per_seed_and_pooled_are_the_estimators_by_hand(headline):
+    h, evals = headline
+    s = evals[0]
+    cells = {(c["agent"], c["seed"], c["N"]): c for c in h["worlds"]["0"]["cells"]}
+    for seed in (0, 1):
+        em = [v[0] for v in s[f"mem1-ppo-s{seed}"][8].values()]
+        c = cells[("mem1-ppo", seed, 8)]
+        assert c["em_frac"] == pytest.approx(sum(em) / 64)
+        assert c["em_frac_se"] == pytest.approx(_se(em))
+        assert c["em_sum"] == pytest.approx(8 * sum(em) / 64)
+        assert c["em_sum_se"] == pytest.approx(8 * _se(em))
+    tasks = s["mem1-ppo-s0"][8]
+    avg = [(s["mem1-ppo-s0"][8][t][0] + s["mem1-ppo-s1"][8][t][0]) / 2 for t in tasks]
+    pooled = cells[("mem1-ppo", POOLED, 8)]
+    assert pooled["em_frac"] == pytest.approx(sum(avg) / 64)
+    assert pooled["em_frac_se"] == pytest.approx(_se(avg))
+    # the warm start trains once: a pooled row, no per-seed rows
+    assert ("warm-start", POOLED, 2) in cells and ("warm-start", 0, 2) not in cells
+
+
+def test_comparisons_pair_by_task_per_seed_and_pooled(headline):
+    h, evals = headline
+    s = evals[4242]
+    claim = {c["key"]: c for c in h["claims"]}["mem1_above_start"]["worlds"]["4242"]
+    tasks = s["warm-start"][2]
+    for seed in (0, 1):
+        d = [s[f"mem1-ppo-s{seed}"][2][t][0] - s["warm-start"][2][t][0] for t in tasks]
+        got = claim["seeds"][str(seed)]
+        assert got["value"] == pytest.approx(sum(d) / len(d))
+        assert got["se_paired"] == pytest.approx(_se(d))
+        assert got["value_sum"] == pytest.approx(2 * sum(d) / len(d))
+        assert got["holds"] == (sum(d) / len(d) > 2 * _se(d))
+    d = [
+        (s["mem1-ppo-s0"][2][t][0] + s["mem1-ppo-s1"][2][t][0]) / 2 - s["warm-start"][2][t][0]
+        for t in tasks
+    ]
+    assert claim[POOLED]["value"] == pytest.approx(sum(d) / len(d))
+    assert claim[POOLED]["se_paired"] == pytest.approx(_se(d))
+    # RL above SFT: each PPO seed against the SFT arm's one seed
+    rl = {c["key"]: c for c in h["claims"]}["rl_above_sft@8"]["worlds"]["4242"]
+    d1 = [s["mem1-ppo-s1"][8][t][0] - s["mem1-sft-s0"][8][t][0] for t in s["mem1-sft-s0"][8]]
+    assert rl["seeds"]["1"]["value"] == pytest.approx(sum(d1) / len(d1))
+
+
+def test_a_claim_holds_only_where_every_seed_and_the_pool_clear_the_bar(headline):
+    h, _ = headline
+    claims = {c["key"]: c for c in h["claims"]}
+    assert set(claims) == {
+        "mem1_above_start", "mem1_above_full@8", "mem1_above_full@16",
+        "mem1_peak_over_full@16", "rl_above_sft@8", "rl_above_sft@16",
+    }  # fmt: skip
+    for key, c in claims.items():
+        for w in c["worlds"].values():
+            seeds_ok = all(g["holds"] for g in w["seeds"].values())
+            if w["verdict"] == "holds":
+                assert seeds_ok and w[POOLED]["holds"], key
+            elif w["verdict"].startswith("seed"):
+                held = w["verdict"].removeprefix("seed ").removesuffix(" only").split(", ")
+                assert held == [s for s, g in w["seeds"].items() if g["holds"]]
+                assert not seeds_ok or not w[POOLED]["holds"]
+    # seed 0 (p 0.6) clears the start's bar at N=2 on 64 tasks, seed 1 (p 0.35) does not
+    start = claims["mem1_above_start"]["worlds"]["0"]
+    assert start["seeds"]["0"]["holds"] and not start["seeds"]["1"]["holds"]
+    assert start["verdict"] == "seed 0 only"
+    # peak tokens: 30 N + k against 200 N + k, a ratio under 0.3 for both seeds
+    peak = claims["mem1_peak_over_full@16"]["worlds"]["0"]
+    want = sum(30 * 16 + k for k in range(64)) / sum(200 * 16 + k for k in range(64))
+    assert peak[POOLED]["value"] == pytest.approx(want) and peak["verdict"] == "holds"
+
+
+def test_claims_are_named_by_what_they_claim():
+    labels = [c.label for c in claims_for(2, [1, 2, 4, 8, 16])]
+    assert labels == [
+        "MEM1 above its start at N=2", "MEM1 above full context at N=8",
+        "MEM1 above full context at N=16", "MEM1's peak tokens at N=16 / full context's",
+        "RL above SFT at N=4", "RL above SFT at N=8", "RL above SFT at N=16",
+    ]  # fmt: skip
+
+
+def test_the_claims_table_and_the_world_tables_render_every_figure(headline, tmp_path):
+    h, _ = headline
+    table = claims_markdown(h)
+    rows = [r for r in table.splitlines()[2:]]
+    assert len(rows) == sum(len(c["worlds"]) for c in h["claims"])  # a row per claim and world
+    assert table.splitlines()[0].split(" | ")[3:6] == [POOLED, "seed 0", "seed 1"]
+    assert "seed 0 only" in table and "(own)" in table
+    md = headline_markdown(h)
+    assert "| mem1-ppo · seed 1 |" in md and "EM summed over objectives" in md
+    assert "Estimators" in md
+    assert plot_scaling(h, tmp_path / "s.png").stat().st_size > 0
+
+
+def test_scores_are_read_back_from_the_trajectories(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    d = tmp_path / "trajectories"
+    d.mkdir()
+    pq.write_table(
+        pa.table({"task_id": ["a", "b"], "reward": [1.0, 0.5], "peak_tokens": [10, 20]}),
+        d / "mem1-ppo-s1_n4.parquet",
+    )
+    assert read_scores(tmp_path) == {"mem1-ppo-s1": {4: {"a": (1.0, 10.0), "b": (0.5, 20.0)}}}
