@@ -366,13 +366,13 @@ def _gen_ids(trajs) -> list[list[list[int]]]:
 def test_a_killed_rollout_worker_is_restarted_and_its_share_redone(tmp_path, monkeypatch):
     ray = pytest.importorskip("ray")
     from mem1_core.rollout.inputs import load_tasks, prepare
-    from mem1_core.training.runtime import Runtime
+    from mem1_core.training.actor_start import start_runtime
 
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
     cfg = load_config("smoke", overrides=OVERRIDES)
     paths = prepare(cfg, tmp_path / "run")
     tasks = load_tasks(cfg, paths, "train", 2)[:2]
-    runtime = Runtime.start(cfg, paths, init=None)
+    runtime = start_runtime(cfg, paths, init=None)
     try:
         runtime.sync_weights()
         expected = runtime.rollout(tasks, seed=5)

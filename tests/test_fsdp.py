@@ -325,12 +325,12 @@ def test_train_rl_with_an_fsdp_learner_trains_checkpoints_and_resumes(
 def test_impossible_fsdp_settings_fail_with_the_way_out(tmp_path):
     from mem1_core.config import load_config
     from mem1_core.runs.layout import RunPaths
-    from mem1_core.training.runtime import Runtime
+    from mem1_core.training.actor_start import start_runtime
 
     cfg = load_config("smoke", None, FSDP)
     assert cfg.resources.learner_world == 2 and load_config("smoke").resources.learner_world == 1
     with pytest.raises(ValueError, match="Ray"):
-        Runtime.start(cfg, RunPaths(tmp_path), init=None, use_ray=False)
+        start_runtime(cfg, RunPaths(tmp_path), init=None, use_ray=False)
     for overrides, message in (
         (["resources.learner_strategy=fsdp", "resources.learner_gpus=1"], "one rank"),
         (["resources.learner_strategy=fsdp", "resources.learner_ranks=1"], "one rank"),

@@ -81,12 +81,12 @@ def _reference(cfg, root, overlap: bool) -> list[dict]:
     """The loop written out with the Runtime, in process: synchronous (roll out k, update,
     sync), or overlapped (roll out k+1 before update k). -> the learner's stats per iteration."""
     from mem1_core.rollout.inputs import load_tasks, prepare
-    from mem1_core.training.runtime import Runtime
+    from mem1_core.training.actor_start import start_runtime
     from mem1_core.training.train_rl import select_tasks
 
     paths = prepare(cfg, root)
     train = load_tasks(cfg, paths, "train", cfg.data.train_objectives)
-    runtime = Runtime.start(cfg, paths, init=None, use_ray=False)
+    runtime = start_runtime(cfg, paths, init=None, use_ray=False)
 
     def roll(i):
         tasks = select_tasks(train, i, cfg.ppo.tasks_per_iteration, cfg.data.seed)

@@ -148,7 +148,8 @@ def test_a_python_that_fails_says_so(tmp_path):
 
 
 def test_worker_options_carry_the_runtime_env_only_when_asked():
-    from mem1_core.training.runtime import WORKER_RESTARTS, worker_options
+    from mem1_core.training.actor_start import worker_options
+    from mem1_core.training.runtime import WORKER_RESTARTS
 
     resources = load_config("smoke").resources
     plain = worker_options(resources, None)
@@ -174,7 +175,7 @@ def test_vllm_workers_of_a_driver_without_vllm_get_the_vllm_python(tmp_path, no_
 
 def test_an_incompatible_vllm_python_stops_the_run_before_ray_starts(tmp_path, no_vllm_here):
     from mem1_core.runs.layout import RunPaths
-    from mem1_core.training.runtime import Runtime
+    from mem1_core.training.actor_start import start_runtime
 
     (tmp_path / "bin").mkdir()
     python = fake_python(tmp_path / "bin", "python", ray="2.40.0")
@@ -184,7 +185,7 @@ def test_an_incompatible_vllm_python_stops_the_run_before_ray_starts(tmp_path, n
     run = tmp_path / "run"
     run.mkdir()
     with pytest.raises(IncompatiblePython, match="Ray 2.40.0 there"):
-        Runtime.start(cfg, RunPaths(run), init=None, use_ray=True)
+        start_runtime(cfg, RunPaths(run), init=None, use_ray=True)
     assert not any(run.iterdir())  # no index, no policy, no Ray
     ray = sys.modules.get("ray")
     assert ray is None or not ray.is_initialized()

@@ -139,12 +139,12 @@ def test_missing_vllm_says_how_to_install(monkeypatch):
 def test_vllm_rollouts_without_vllm_say_which_venv(monkeypatch, tmp_path):
     """The trainer refuses before building anything (no assets, no Ray, no saved policy)."""
     from mem1_core.runs.layout import RunPaths
-    from mem1_core.training.runtime import Runtime
+    from mem1_core.training.actor_start import start_runtime
 
     monkeypatch.setitem(sys.modules, "vllm", None)
     cfg = load_config("smoke", overrides=["rollout.backend=vllm"])
     with pytest.raises(ImportError, match=r"\.venv-vllm/bin/mem1 train.*rollout\.backend=hf"):
-        Runtime.start(cfg, RunPaths(tmp_path), init=None, use_ray=False)
+        start_runtime(cfg, RunPaths(tmp_path), init=None, use_ray=False)
     assert not any(tmp_path.iterdir())
 
 

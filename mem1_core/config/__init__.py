@@ -8,8 +8,8 @@ hands its resolved values to every stage (`config_from_dict`); a stage flow run 
 builds it from the same pieces.
 
 - sections.py: world, data, retrieval, model, rollout, teacher;
-- training.py: sft, ppo (the algorithm), resources (Ray placement, learner strategy),
-  pretrain;
+- training.py: sft, ppo (the algorithm), pretrain;
+- resources.py: resources (where RL training runs: Ray placement, learner strategy);
 - evaluation.py: eval (the evaluation's scorer);
 - run.py: `Config`, all of them;
 - loader.py: profiles, YAML/CLI coercion, errors that name the field.
@@ -23,6 +23,7 @@ from mem1_core.config.loader import (
     parse_overrides,
     profile_names,
 )
+from mem1_core.config.resources import ResourcesConfig
 from mem1_core.config.run import Config
 from mem1_core.config.sections import (
     MEMORIES,
@@ -33,7 +34,7 @@ from mem1_core.config.sections import (
     TeacherConfig,
     WorldConfig,
 )
-from mem1_core.config.training import PPOConfig, PretrainConfig, ResourcesConfig, SFTConfig
+from mem1_core.config.training import PPOConfig, PretrainConfig, SFTConfig
 
 __all__ = [
     "MEMORIES",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mem1_core.config.evaluation import EvalConfig
+from mem1_core.config.resources import ResourcesConfig
 from mem1_core.config.sections import (
     DataConfig,
     ModelConfig,
@@ -14,7 +15,7 @@ from mem1_core.config.sections import (
     TeacherConfig,
     WorldConfig,
 )
-from mem1_core.config.training import PPOConfig, PretrainConfig, ResourcesConfig, SFTConfig
+from mem1_core.config.training import PPOConfig, PretrainConfig, SFTConfig
 
 
 @dataclass(frozen=True)

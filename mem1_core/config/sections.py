@@ -244,7 +244,7 @@ class RolloutConfig(Section):
 
     memory: str = "mem1"
     """Memory policy: `mem1`, `full`, `truncate` or `mem1+recall` (MEM1 with recall of pruned
-    `<info>` blocks, mem1_core.rollout.recall) (was `rollout.policy`)."""
+    `<info>` blocks, mem1_core.rollout.recall)."""
     chat_template: bool = False
     """Wrap the task prompt in the tokenizer's chat template (the prompt as the user's message,
     the assistant's turn opened; turns and `<info>` blocks continue that message). For an

@@ -5,7 +5,7 @@ retriever, each a process that imports torch and transformers before it can do a
 about 30 s on a 2-core laptop, against 4 s of training in the `smoke` profile. The `mem1`
 pipeline trains two PPO agents one after the other (the `mem1` and `full` memory policies),
 so inside `reuse_actors()` a run's `Runtime.shutdown` parks its actors here instead of
-killing them, and the next `Runtime.start` with the same key (`runtime_key`: the resources
+killing them, and the next `start_runtime` with the same key (`reuse_key`: the resources
 the actors hold and the index the retriever serves) takes them back and has each rebuild its
 state from the new run's config, policy and run directory. Outside the context (the CLI, a
 single training flow) nothing is kept: a run's actors end with the run, as before.

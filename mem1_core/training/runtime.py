@@ -10,36 +10,30 @@
   answer;
 - the retriever: mem1_core.retrieval.ray_actor.RetrieverActor, one per run.
 
-Weights go learner -> workers through the Ray object store: the driver passes the
-ObjectRef that `get_weights` returned (Ray already stored the result there) to every
-worker, so the weights never pass through the driver. On a laptop everything shares one
-local Ray with CPU resources; the resource requests come from `ResourcesConfig`, so the same
-code asks for GPUs on a cluster (`resources.ray_address`). Actors are reused across the runs
-of a pipeline inside `actor_pool.reuse_actors()`.
+mem1_core.training.actor_start starts them (`start_runtime`: placement, parked actors of an
+earlier run). Weights go learner -> workers through the Ray object store: the driver passes
+the ObjectRef that `get_weights` returned (Ray already stored the result there) to every
+worker, so the weights never pass through the driver.
 
-Faults (issue 18). A rollout worker is a Ray actor with `WORKER_RESTARTS` restarts: when
-its process dies mid-rollout, the driver waits for Ray to restart it, sends it the
-learner's current weights and asks again for the same share (same tasks, same seed), so
-the iteration goes on as if nothing happened. Each weight sync carries a version that a
-worker must hold to roll out (`WeightsOutOfDate`), so a worker that restarted unseen,
-between two calls, is found and brought up to date too. The learner is not restarted: its
-state since the last checkpoint (weights, optimiser moments) is gone with it, so its death
-stops the run (`ActorLost`) and `--resume` continues from the checkpoint.
+Faults. A rollout worker is a Ray actor with `WORKER_RESTARTS` restarts: when its process
+dies mid-rollout, the driver waits for Ray to restart it, sends it the learner's current
+weights and asks again for the same share (same tasks, same seed), so the iteration goes on
+as if nothing happened. Each weight sync carries a version that a worker must hold to roll
+out (`WeightsOutOfDate`), so a worker that restarted unseen, between two calls, is found and
+brought up to date too. The learner is not restarted: its state since the last checkpoint
+(weights, optimiser moments) is gone with it, so its death stops the run (`ActorLost`) and
+`--resume` continues from the checkpoint. A node lost mid-run takes its placement bundles
+with it and Ray places them again where there is room: a rollout worker restarts there as
+above. When the remaining nodes cannot hold the run, waiting for the restart ends with
+`ActorLost`.
 
-Placement (mem1_core.training.placement). Before any actor starts, the run's actors are
-checked against the cluster (a run it can never hold fails at once, a busy one waits, with a
-line, up to `resources.wait_seconds`) and reserved as placement groups; on more than one node
-the run directory must be shared (checked). A node lost mid-run takes its bundles with it and
-Ray places them again where there is room: a rollout worker restarts there as above. When
-the remaining nodes cannot hold the run, waiting for the restart ends with `ActorLost`.
-
-Overlapped rollouts (`ppo.overlap_rollouts`, issue 17). `start_rollout` sends the workers
-their shares and returns at once (`PendingRollout`); `collect` waits for the answers. A Ray
-actor runs its calls in the order they were sent, so a rollout started before the learner's
-update samples with the weights of the sync before it, and the weights that `sync_weights(
-wait=False)` sends after the update load once that rollout is done: the driver need not wait
-for them (they are waited for when the next rollout starts). In this process (`use_ray=False`)
-a rollout runs when it is started, so the same schedule runs one step after the other.
+Overlapped rollouts (`ppo.overlap_rollouts`). `start_rollout` sends the workers their shares
+and returns at once (`PendingRollout`); `collect` waits for the answers. A Ray actor runs its
+calls in the order they were sent, so a rollout started before the learner's update samples
+with the weights of the sync before it, and the weights that `sync_weights(wait=False)`
+sends after the update load once that rollout is done: the driver need not wait for them
+(they are waited for when the next rollout starts). In this process (`use_ray=False`) a
+rollout runs when it is started, so the same schedule runs one step after the other.
 """
 
 from __future__ import annotations
@@ -50,25 +44,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mem1_core.config import Config, ResourcesConfig
+from mem1_core.config import Config
 from mem1_core.rollout.loop import Task
 from mem1_core.runs.checkpoint import TrainState
 from mem1_core.runs.faults import ActorLost
-from mem1_core.runs.layout import RunPaths
 from mem1_core.training import actor_pool
-from mem1_core.training.learner import Learner
-from mem1_core.training.placement import (
-    RETRIEVER_CPUS,
-    Placement,
-    alive_nodes,
-    fit_error,
-    memory_option,
-    place_run,
-    run_demands,
-)
-from mem1_core.training.ray_start import start_ray
-from mem1_core.training.vllm_engine import choose_backend, require_vllm, rollout_workers_env
-from mem1_core.training.workers import RolloutWorker, WeightsOutOfDate
+from mem1_core.training.placement import Placement, alive_nodes, fit_error
+from mem1_core.training.workers import WeightsOutOfDate
 from mem1_core.trajectory.record import Trajectory
 
 log = logging.getLogger(__name__)
@@ -76,9 +58,6 @@ WORKER_RESTARTS = 3
 """Times Ray restarts a rollout worker whose process died (and the driver retries its share)."""
 WORKER_RESTART_TIMEOUT_S = 600.0
 """Longest wait for a restarted worker to answer (it imports torch and loads its model)."""
-RETRIEVER_RESTARTS = 3
-"""Times Ray restarts the retriever actor (it only reads its index) and retries a search
-that its death interrupted, e.g. with the node it ran on."""
 
 
 def _handled_cause(error: Exception) -> Exception | None:
@@ -103,20 +82,6 @@ class PendingRollout:
     busy_seconds: float = 0.0
     """Set by `collect`: the longest share's rollout time (generation and environment), as the
     trajectories record it; the driver may have waited less (the rollout ran beside an update)."""
-
-
-def worker_options(resources: ResourcesConfig, runtime_env: dict | None) -> dict[str, Any]:
-    """Ray actor options of a rollout worker; `runtime_env` (another Python for vLLM,
-    rollout_python.rollout_runtime_env) only when given."""
-    options: dict[str, Any] = dict(
-        num_cpus=resources.cpus_per_worker,
-        num_gpus=resources.gpus_per_worker,
-        max_restarts=WORKER_RESTARTS,  # the driver retries the call (`_rollout_share`)
-    )
-    options |= memory_option(resources.worker_memory_gb)
-    if runtime_env is not None:
-        options["runtime_env"] = runtime_env
-    return options
 
 
 def merge_rank_stats(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
@@ -163,113 +128,6 @@ class Runtime:
         self._loads: list[Any] = []
         """Weight loads `sync_weights(wait=False)` sent and nobody has waited for yet."""
         self._rollout_info: dict[str, str | None] | None = None
-
-    @classmethod
-    def start(
-        cls,
-        cfg: Config,
-        paths: RunPaths,
-        *,
-        init: Path | None,
-        use_ray: bool = True,
-        log_to_driver: bool = False,
-    ) -> Runtime:
-        init_s = None if init is None else str(init)
-        resources, root = cfg.resources, str(paths.root)
-        fsdp = resources.learner_strategy == "fsdp"
-        if fsdp and not use_ray:
-            raise ValueError(
-                "resources.learner_strategy=fsdp runs each learner rank as a Ray actor: run with Ray "
-                "(drop --no-ray), or use resources.learner_strategy=single"
-            )
-        backend = choose_backend(cfg, use_ray=use_ray)  # once, for every worker
-        # Before Ray starts, not as an actor's constructor error: the vLLM venv's Python for
-        # the workers when this one has no vLLM (checked against this one), or the way out.
-        worker_env = rollout_workers_env(cfg, use_ray, backend)
-        require_vllm(backend, elsewhere=worker_env is not None)
-        if not use_ray:
-            workers = [
-                RolloutWorker(cfg, root, init_s, backend=backend)
-                for _ in range(resources.num_rollout_workers)
-            ]
-            return cls(workers, [Learner(cfg, root, init_s)], remote=False)
-        import ray
-
-        from mem1_core.retrieval.ray_actor import start_retriever_actor
-        from mem1_core.retrieval.run_index import ensure_run_index
-
-        index = None if cfg.retrieval.url else ensure_run_index(cfg, paths)
-        # Not reused: an FSDP group (its process group) and vLLM engines (a second engine in
-        # the same process would not get the first one's GPU memory back).
-        reusable = not fsdp and backend != "vllm"
-        key = actor_pool.reuse_key(cfg, index, backend) if reusable else None
-        if key is not None and (parked := actor_pool.take(key)) is not None:
-            try:
-                parked.reset(cfg, root, init_s, backend)
-                return parked
-            except Exception:  # noqa: BLE001 - a dead actor: start afresh instead
-                log.warning(
-                    "parked Ray actors could not be reset; starting new ones", exc_info=True
-                )
-                parked.shutdown(park=False)
-        owns = start_ray(resources, log_to_driver=log_to_driver)
-        # Before any actor: can the cluster hold the run (now or once it is less busy), and
-        # does every node it uses see the run directory?
-        demands = run_demands(resources, retriever=index is not None)
-        try:
-            inputs = [p for p in (init, index) if p is not None]
-            placement = place_run(resources, demands, [paths.root, *inputs])
-        except BaseException:
-            if owns:
-                ray.shutdown()
-            raise
-        retriever = None
-        if index is not None:  # else an HTTP retriever is already shared
-            retriever = start_retriever_actor(
-                index,
-                num_cpus=RETRIEVER_CPUS,
-                actor_options=dict(
-                    max_restarts=RETRIEVER_RESTARTS,
-                    max_task_retries=RETRIEVER_RESTARTS,  # a search only reads: safe to redo
-                    **placement.options("retriever"),
-                ),
-            )
-        options = worker_options(resources, worker_env)
-        threads = max(1, int(resources.cpus_per_worker))
-        workers = [
-            ray.remote(RolloutWorker)
-            .options(**options, **placement.options(f"rollout_worker_{i}"))
-            .remote(cfg, root, init_s, retriever, threads, backend)
-            for i in range(resources.num_rollout_workers)
-        ]
-        runtime = cls(
-            workers, [], remote=True, owns_ray=owns, retriever=retriever, placement=placement
-        )
-        runtime.reuse_key, runtime.demands = key, demands
-        try:
-            if fsdp:  # waits until the group has formed and loaded its shards
-                from mem1_core.training.fsdp_learner import start_learner_group
-
-                ranks = [
-                    placement.options(f"learner_rank_{r}") for r in range(resources.learner_world)
-                ]
-                runtime.learners = start_learner_group(cfg, root, init_s, ranks)
-            else:
-                learner = (
-                    ray.remote(Learner)
-                    .options(
-                        num_cpus=resources.learner_cpus,
-                        num_gpus=resources.learner_gpus,
-                        **memory_option(resources.learner_memory_gb),
-                        **placement.options("learner"),
-                    )
-                    .remote(cfg, root, init_s, max(1, int(resources.learner_cpus)))
-                )
-                runtime.learners = [learner]
-        except BaseException:
-            runtime.shutdown()
-            raise
-        return runtime
 
     def rollout_info(self) -> dict[str, Any]:
         """What the rollout workers generate with (RolloutWorker.describe of the first one:

@@ -68,6 +68,7 @@ from mem1_core.runs.checkpoint import (
 from mem1_core.runs.faults import ActorLost, DiskFull, RunStopped, root_cause
 from mem1_core.runs.layout import RunPaths, resolve_init
 from mem1_core.runs.progress import Progress as StageProgress
+from mem1_core.training.actor_start import start_runtime
 from mem1_core.training.runtime import PendingRollout, Runtime
 from mem1_core.trajectory.record import Trajectory, write_trajectories
 
@@ -315,7 +316,7 @@ def train_rl(
         for n in cfg.ppo.eval_objectives
         if n != cfg.data.train_objectives
     }
-    runtime = Runtime.start(cfg, paths, init=init_dir, use_ray=use_ray)
+    runtime = start_runtime(cfg, paths, init=init_dir, use_ray=use_ray)
     progress = None
     try:
         # W&B starts while the actors are still importing (their first call blocks).
