@@ -32,8 +32,8 @@ class EvalConfig(Section):
     the cells this process reads back; an error when there is none. `auto`: vllm where that
     Python is found and imports vLLM, else hf (the log says which). A cell reads back the
     same under either, so switching resumes at the first unfinished cell. vLLM pays an engine
-    start per policy (about a minute on a CPU) and then generates faster
-    (docs/performance.md, "Evaluation with vLLM")."""
+    start per policy (~35 s on a 2-core CPU); measured on a CPU it was faster on long contexts
+    and slower on short ones (docs/performance.md, "Evaluation with vLLM")."""
 
     def __post_init__(self) -> None:
         if self.backend not in EVAL_BACKENDS:
