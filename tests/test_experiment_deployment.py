@@ -24,7 +24,7 @@ from deployments import launch
 from deployments.processes import stop_process_tree
 from mem1_core.experiment.headline import POOLED
 
-TIMEOUT_S = 900
+TIMEOUT_S = 1800  # a loaded 2-core machine: ~20 min seen; idle, a few minutes
 
 
 def _wait(what: str, until, timeout: float = TIMEOUT_S, every: float = 0.5):
