@@ -141,8 +141,9 @@ def evaluate_world(
 # ---- the experiment ------------------------------------------------------------------------
 
 WALLS_FILE = "walls.json"
-"""Each stage's wall seconds, summed over the attempts that did work on it (a resumed stage
-adds its resumed part; one found finished adds nothing): the experiment's timing table."""
+"""Each stage's wall seconds, summed over the attempts that finished their part of it (a
+resumed stage adds its resumed part; one found finished adds nothing; an attempt killed
+mid-stage adds nothing, its time is lost with it): the experiment's timing table."""
 
 
 def timed(run_dir: Path, stage: str, fn, *args, done_before: bool = False):

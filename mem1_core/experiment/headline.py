@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mem1_core.experiment.plan import split_agent
+from mem1_core.experiment.spec import AGENTS
 
 HEADLINE_SCHEMA = 1
 
@@ -158,7 +159,11 @@ def world_headline(scores: Scores) -> dict[str, Any]:
     for name in scores:
         base, seed = split_agent(name)
         seeds.setdefault(base, []).append(seed)
-    seeds = {a: sorted(s, key=lambda x: -1 if x is None else x) for a, s in seeds.items()}
+    order = {a: k for k, a in enumerate(AGENTS)}  # the warm start, then each arm's agents
+    seeds = {
+        a: sorted(s, key=lambda x: -1 if x is None else x)
+        for a, s in sorted(seeds.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
+    }
     ns = sorted({n for by_n in scores.values() for n in by_n})
 
     cells = []

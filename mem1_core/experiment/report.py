@@ -53,8 +53,9 @@ def world_markdown(w: str, world: dict[str, Any]) -> str:
     by = {(c["agent"], str(c["seed"]), c["N"]): c for c in world["cells"]}
     rows = []
     for agent, seeds in world["seeds"].items():
-        rows.append((agent, POOLED))
-        if len([s for s in seeds if s is not None]) > 1:
+        several = len([s for s in seeds if s is not None]) > 1
+        rows.append((f"{agent} · pooled" if several else agent, POOLED))
+        if several:
             rows += [(f"{agent} · seed {s}", str(s)) for s in seeds if s is not None]
     head = "| agent | " + " | ".join(f"N={n}" for n in ns) + " |\n" + "|---" * (len(ns) + 1) + "|"
     out = []
@@ -162,7 +163,10 @@ def plot_scaling(h: dict[str, Any], path: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, len(worlds), figsize=(6 * len(worlds), 8), squeeze=False)
+    fig, axes = plt.subplots(
+        2, len(worlds), figsize=(6.5 * len(worlds), 8.5), squeeze=False,
+        gridspec_kw={"hspace": 0.35, "wspace": 0.25},
+    )  # fmt: skip
     for col, (w, world) in enumerate(worlds.items()):
         em_ax, peak_ax = axes[0][col], axes[1][col]
         for k, agent in enumerate(world["seeds"]):
@@ -177,10 +181,12 @@ def plot_scaling(h: dict[str, Any], path: Path) -> Path | None:
                              yerr=[c["peak_tokens_se"] or 0 for c in cells],
                              fmt="o-", color=f"C{k}", capsize=3, label=agent)  # fmt: skip
         tag = "own test split" if world["own"] else "held out"
+        fig.suptitle("pooled over training seeds, ± SE over tasks", fontsize=10)
         for ax, what in ((em_ax, "EM fraction"), (peak_ax, "peak tokens")):
             ax.set_xscale("log", base=2)
             ax.set_xlabel("objectives N")
-            ax.set_title(f"world {w} ({tag}): {what}, pooled over seeds, ± SE")
+            ax.set_title(f"world {w} ({tag}): {what}", fontsize=10)
+            ax.set_xticks(world["objectives"], [str(n) for n in world["objectives"]])
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
     fig.savefig(path, dpi=100, bbox_inches="tight")
