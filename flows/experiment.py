@@ -166,10 +166,11 @@ def write_headline(spec, cfg, run_dir: Path, worlds: list[int]) -> dict[str, Any
     """eval/headline.{json,md} and the two plots, from the evaluations' trajectories and the
     arms' metrics. -> the headline, its markdown and the plots."""
     from mem1_core.experiment.headline import experiment_headline, read_scores
-    from mem1_core.experiment.plan import arm_runs, world_dirs
+    from mem1_core.experiment.plan import arm_runs, eval_agents, world_dirs
     from mem1_core.experiment.report import headline_markdown, plot_curves, plot_scaling, read_curve
 
-    evals = {w: read_scores(world_dirs(run_dir, w)[1]) for w in worlds}
+    names = {name for name, _, _ in eval_agents(spec, run_dir)}
+    evals = {w: read_scores(world_dirs(run_dir, w)[1], names, set(spec.objectives)) for w in worlds}
     h = experiment_headline(
         evals, worlds[0], cfg.data.train_objectives, spec.se_bar, spec.peak_ratio_bar, spec.name
     )

@@ -295,3 +295,6 @@ def test_scores_are_read_back_from_the_trajectories(tmp_path):
         d / "mem1-ppo-s1_n4.parquet",
     )
     assert read_scores(tmp_path) == {"mem1-ppo-s1": {4: {"a": (1.0, 10.0), "b": (0.5, 20.0)}}}
+    # a cell the experiment no longer asks for (another agent, another N) stays out
+    assert read_scores(tmp_path, {"mem1-ppo-s0"}, {4}) == {}
+    assert read_scores(tmp_path, {"mem1-ppo-s1"}, {2}) == {}

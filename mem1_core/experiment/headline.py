@@ -40,14 +40,22 @@ Scores = dict[str, dict[int, dict[str, tuple[float, float]]]]
 """agent name (with its seed: `mem1-ppo-s1`) -> N -> task id -> (EM fraction, peak tokens)."""
 
 
-def read_scores(eval_dir: str | Path) -> Scores:
-    """Each evaluated cell's per-task scores, from its trajectories (`<agent>_n<N>.parquet`)."""
+def read_scores(
+    eval_dir: str | Path, agents: set[str] | None = None, objectives: set[int] | None = None
+) -> Scores:
+    """Each evaluated cell's per-task scores, from its trajectories (`<agent>_n<N>.parquet`);
+    only `agents`' at `objectives` where given (a cell an earlier setting played and the
+    experiment no longer asks for stays on disk, out of the headline)."""
     import pyarrow.parquet as pq
 
     out: Scores = {}
     for path in sorted((Path(eval_dir) / "trajectories").glob("*_n*.parquet")):
         agent, _, n = path.stem.rpartition("_n")
         if not n.isdigit():
+            continue
+        if (agents is not None and agent not in agents) or (
+            objectives is not None and int(n) not in objectives
+        ):
             continue
         t = pq.read_table(path, columns=["task_id", "reward", "peak_tokens"]).to_pydict()
         out.setdefault(agent, {})[int(n)] = {
