@@ -264,3 +264,25 @@ def test_the_prefect_venv_evaluates_with_vllm_as_with_hf(tmp_path):
                 same += [t.gen_ids for t in x.turns] == [t.gen_ids for t in y.turns]
     print(f"trajectories with the same generated ids under HF and vLLM: {same} of {total}")
     assert same == total
+
+
+def test_teacher_rows_beside_an_agent_play_in_one_evaluation(tmp_path):
+    """The scripted teacher's reference rows and a policy's rows in one evaluation (as every
+    pipeline run has them): each row is played by its own player (the teacher's backend for
+    its rows, the engine's cell player for the policy's), none in place of another."""
+    from mem1_core.config import load_config
+    from mem1_core.evaluation.stage import run_objective_scaling
+    from mem1_core.models.model import save_model
+    from mem1_core.models.policy import ensure_tokenizer, initial_policy
+    from mem1_core.rollout.inputs import prepare
+
+    cfg = load_config("smoke", overrides=["data.eval_objectives=[1]", "data.max_eval_tasks=2"])
+    tok = ensure_tokenizer(cfg, prepare(cfg, tmp_path))
+    policy = save_model(initial_policy(cfg, tok), tok, tmp_path / "policy")
+    out = run_objective_scaling(
+        cfg, tmp_path, tmp_path / "eval", [("one", str(policy), "mem1")], teacher=True,
+        progress=False,
+    )  # fmt: skip
+    rows = {c["agent"]: c for c in out["headline"]}
+    assert set(rows) == {"one", "teacher", "teacher-full"}
+    assert rows["teacher"]["em_frac"] == 1.0 and rows["teacher-full"]["em_frac"] == 1.0

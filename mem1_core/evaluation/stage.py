@@ -114,8 +114,8 @@ def run_objective_scaling(
         # memory costs when the play is perfect
         # in the state format the run's teacher taught, without its lapses
         for name, memory in (("teacher", "mem1"), ("teacher-full", "full")):
-            player = ScriptedTeacher.from_config(tok, every, cfg.teacher, lapses=False)
-            built.append(Agent(name, memory, None, player, source="scripted teacher"))
+            scripted = ScriptedTeacher.from_config(tok, every, cfg.teacher, lapses=False)
+            built.append(Agent(name, memory, None, scripted, source="scripted teacher"))
     out = Path(out_dir)
     # a rerun into the same directory resumes at the first cell not yet played under this
     # configuration (the teacher's settings, world and rollout budgets are all in it)
