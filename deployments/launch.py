@@ -1,12 +1,12 @@
-"""`./dev train-eval`: run the main job through Prefect, the way a cluster user would.
+"""`./dev train-eval` and `./dev experiment`: run the main job (`mem1/train-eval`) or the paper's
+experiment (`mem1/experiment`, `--experiment NAME`) through Prefect, the way a cluster user would.
 
 Against the server at PREFECT_API_URL (`./dev` starts one if none answers): create the
 process work pool if missing, deploy everything in deployments/prefect.yaml, start a worker
-as a child in its own session, run `mem1/train-eval`, follow its state and logs until it
-ends, then print the headline table, the run directory and the UI address. On exit,
-Ctrl-C or SIGTERM the flow run is cancelled if still going, and the worker and every
-process under it (flow runs start in sessions of their own) are stopped, so nothing is
-left behind.
+as a child in its own session, run the deployment, follow its state and logs until it ends,
+then print the headline table (an experiment's claims table), the run directory and the UI
+address. On exit, Ctrl-C or SIGTERM the flow run is cancelled if still going, and the worker and
+every process under it (flow runs start in sessions of their own) are stopped.
 """
 
 from __future__ import annotations
