@@ -112,6 +112,9 @@ def test_reuse_links_finished_arms_and_refuses_one_short_of_its_count(tmp_path):
     src = tmp_path / "src"
     (src / "warm_start" / "policy").mkdir(parents=True)
     check_run_dir(src, spec, cfg)  # its record: the same training settings
+    with pytest.raises(ValueError, match="its warm start has not finished"):
+        link_reused(spec, cfg, src, tmp_path / "early")
+    (src / "warm_start" / "result.json").write_text("{}")
     _metrics(src / "ppo_mem1" / "seed0", [{"iteration": 1, "stopped_by": "iterations"}])
     out = tmp_path / "new"
     linked = link_reused(spec, cfg, src, out)

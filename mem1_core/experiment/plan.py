@@ -140,6 +140,9 @@ def link_reused(spec: ExperimentSpec, cfg, source: Path, run_dir: Path) -> list[
             f"reuse {source}: it trained with other settings ({', '.join(changed)}); its warm "
             "start and arms would not be this experiment's"
         )
+    if not (source / WARM_START / "result.json").is_file():
+        # linked unfinished, it would go on training in the other run's directory
+        raise ValueError(f"reuse {source}: its warm start has not finished")
     run_dir.mkdir(parents=True, exist_ok=True)
     linked = []
     pairs = [(source / WARM_START, run_dir / WARM_START)]
