@@ -5,7 +5,7 @@ Prints the rollout's generated tokens/s and the learner's model-FLOPs utilisatio
 parameters x flattened-tree tokens per update second (forward and backward of every token the
 learner reads), over the GPU's dense bf16 peak (`--peak-tflops`, H200 989).
 
-CUDA only: on a CPU the same stages take an hour (README, "A real LLM on the CPU"), so the
+CUDA only: on a CPU the same stages take an hour (docs/performance.md, "SmolLM2 on the CPU"), so the
 section says it skipped."""
 
 from __future__ import annotations

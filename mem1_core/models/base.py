@@ -25,7 +25,7 @@ older base is refused instead of read in a format it was not trained on."""
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REBUILD = (
-    "rebuild it with `mem1 pretrain --profile tiny --out runs/pretrain` (README, 'The "
+    "rebuild it with `mem1 pretrain --profile tiny --out runs/pretrain` (docs/training.md, 'The "
     "pretrained base'; hours on 2 cores) and copy runs/pretrain/base to data/base, or train "
     "from scratch with `--set model.base=null`"
 )

@@ -15,7 +15,7 @@ Two knobs make it err on purpose, as the paper's GPT-4o teacher does:
   the next, it folds `Q1: ?` into its `<IS>` instead of the answer it just read, and so
   answers that objective `?`. SFT imitates such habits; RL on the task reward can drop them
   (the paper's RL-vs-SFT contrast, MEM1 §5.4). With the perfect teacher, SFT leaves the
-  reward nothing to teach within a CPU budget (README, "Training").
+  reward nothing to teach within a CPU budget (docs/training.md).
   The decision is a fixed function of (seed, task, sample, objective), so a turn's text
   depends only on its trajectory, as for every other choice of the teacher.
 
