@@ -302,9 +302,9 @@ def logprob_tolerance(num_layers: int, autocast: str | None = None) -> float:
 
     Measured (max |delta log-prob| over every generated token): float32, 2 layers (the tiny
     models of the tests) below 1e-5; float32, SmolLM2's 30 layers, 1.4-2.5e-5 for sdpa and
-    eager (docs/performance.md, "SmolLM2 on the CPU"). Under bf16 autocast (8-bit mantissa) the same 30 layers give
-    0.13-0.24: -> 5e-6 + 1.5e-6 per layer in float32 (5e-5 at 30), 0.015 per layer under bf16
-    (0.45 at 30). A structural error (a token seeing a wrong context) is of order 1 or more."""
+    eager (docs/performance.md, "SmolLM2 on the CPU"). Under bf16 autocast (8-bit mantissa)
+    the same 30 layers give 0.13-0.24: -> 5e-6 + 1.5e-6 per layer in float32 (5e-5 at 30),
+    0.015 per layer under bf16 (0.45 at 30). A structural error (a token seeing a wrong context) is of order 1 or more."""
     if autocast is None:
         return 5e-6 + FP32_PER_LAYER * num_layers
     return BF16_PER_LAYER * num_layers
