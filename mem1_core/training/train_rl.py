@@ -103,16 +103,29 @@ class MetricsSink:
         id_file = files.root / "wandb" / "run_id"
         if not id_file.is_file():
             write_text(uuid.uuid4().hex[:12], id_file)
-        self.run = wandb.init(
-            project=os.environ.get("WANDB_PROJECT", "mem1"),
-            name=f"{files.root.name}-{estimator}",
-            id=id_file.read_text().strip(),
-            resume="allow",
-            dir=str(files.root),
-            mode=os.environ.get("WANDB_MODE") or "offline",
-            config=asdict(cfg) | {"estimator": estimator},
-            settings=wandb.Settings(console="off", quiet=True, silent=True, disable_git=True),
-        )
+
+        def start(run_id: str):
+            return wandb.init(
+                project=os.environ.get("WANDB_PROJECT", "mem1"),
+                name=f"{files.root.name}-{estimator}",
+                id=run_id,
+                resume="allow",
+                dir=str(files.root),
+                mode=os.environ.get("WANDB_MODE") or "offline",
+                config=asdict(cfg) | {"estimator": estimator},
+                settings=wandb.Settings(console="off", quiet=True, silent=True, disable_git=True),
+            )
+
+        try:
+            self.run = start(id_file.read_text().strip())
+        except Exception as e:  # W&B raises its own server errors
+            if "in use" not in str(e):
+                raise
+            # A killed process's W&B run can still hold its id (seen when a crashed flow run is
+            # retried at once): the run goes on under a new W&B run; metrics.jsonl is whole.
+            log.warning("W&B run %s is still held (%s): logging to a new W&B run", id_file, e)
+            write_text(uuid.uuid4().hex[:12], id_file)
+            self.run = start(id_file.read_text().strip())
         self.run.define_metric("*", step_metric="iteration")
         self.bar = tqdm(
             total=cfg.ppo.iterations,
