@@ -147,10 +147,13 @@ def _subflow_ids(client: Any, root: UUID) -> list[UUID]:
 class StatusLine:
     """The current stage's progress (`<run_dir>/progress.json`, mem1_core.runs.progress) on
     one line: redrawn in place every poll on a terminal, else printed every
-    `every` seconds (and whenever the stage changes), so a log file does not flood."""
+    `every` seconds (and whenever the stage changes), so a log file does not flood. A file
+    written before `since` (a stopped run's last line, in a run directory being resumed) is
+    not shown: its clock would run on from a stage nobody is doing."""
 
-    def __init__(self, path: Path | None, every: float = 5.0):
+    def __init__(self, path: Path | None, every: float = 5.0, since: float | None = None):
         self.path, self.every = path, every
+        self.since = time.time() if since is None else since
         self.tty = sys.stderr.isatty()
         self.last_text, self.last_at, self.last_stage = "", 0.0, None
         self.drawn = False
@@ -159,7 +162,7 @@ class StatusLine:
         from mem1_core.runs.progress import line, read
 
         st = read(self.path) if self.path else None
-        if not st:
+        if not st or st.get("time", 0.0) < self.since:
             return
         if not st.get("final"):  # the clock runs between the stage's updates
             since = max(0.0, time.time() - st.get("time", time.time()))

@@ -4,6 +4,7 @@ launcher; and the stages report through it."""
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
@@ -110,3 +111,21 @@ def _teacher_trajs(tok, tmp_path):
     env = make_env(cfg, paths, tok)
     tasks = load_tasks(cfg, paths, "train", 1)[:4]
     return teacher_trajectories(tasks, tok, env, cfg.rollout, memory="mem1")
+
+
+def test_the_follower_shows_no_line_a_stopped_run_left_behind(tmp_path, capsys):
+    """A resumed run directory holds the stopped run's last progress.json: the launcher's
+    status line waits for the resumed run's own, instead of a clock running on from it."""
+    from deployments.launch import StatusLine
+
+    path = tmp_path / "progress.json"
+    with Progress("warm start", total=40, path=path) as p:
+        p.update(17)
+    status = StatusLine(path, since=read(path)["time"] + 1e-3)
+    status.poll()
+    assert capsys.readouterr().err == ""
+    time.sleep(0.01)
+    with Progress("warm start", total=40, path=path) as p:
+        p.update(2)
+    status.poll()
+    assert "step 2 of 40" in capsys.readouterr().err
