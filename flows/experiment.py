@@ -140,26 +140,14 @@ def evaluate_world(
 
 # ---- the experiment ------------------------------------------------------------------------
 
-WALLS_FILE = "walls.json"
-"""Each stage's wall seconds, summed over the attempts that finished their part of it (a
-resumed stage adds its resumed part; one found finished adds nothing; an attempt killed
-mid-stage adds nothing, its time is lost with it): the experiment's timing table."""
-
 
 def timed(run_dir: Path, stage: str, fn, *args, done_before: bool = False):
-    """Run `fn(*args)` (a subflow) and add its wall time to the stage's in walls.json."""
-    import time
+    """Run `fn(*args)` (a subflow) and add its wall time to the stage's in walls.json,
+    with the time of an attempt a kill stopped (mem1_core.experiment.walls)."""
+    from mem1_core.experiment.walls import StageWalls
 
-    from mem1_core.runs.atomic import write_json as write
-
-    t0 = time.perf_counter()
-    out = fn(*args)
-    if not done_before:
-        path = run_dir / WALLS_FILE
-        walls = json.loads(path.read_text()) if path.is_file() else {}
-        walls[stage] = round(walls.get(stage, 0.0) + time.perf_counter() - t0, 1)
-        write(walls, path)
-    return out
+    with StageWalls(run_dir).stage(stage, count=not done_before):
+        return fn(*args)
 
 
 def write_headline(spec, cfg, run_dir: Path, worlds: list[int]) -> dict[str, Any]:
@@ -168,6 +156,7 @@ def write_headline(spec, cfg, run_dir: Path, worlds: list[int]) -> dict[str, Any
     from mem1_core.experiment.headline import experiment_headline, read_scores
     from mem1_core.experiment.plan import arm_runs, eval_agents, world_dirs
     from mem1_core.experiment.report import headline_markdown, plot_curves, plot_scaling, read_curve
+    from mem1_core.experiment.walls import StageWalls
 
     names = {name for name, _, _ in eval_agents(spec, run_dir)}
     evals = {w: read_scores(world_dirs(run_dir, w)[1], names, set(spec.objectives)) for w in worlds}
@@ -176,8 +165,7 @@ def write_headline(spec, cfg, run_dir: Path, worlds: list[int]) -> dict[str, Any
     )
     curves = {r.label: read_curve(r.dir) for r in arm_runs(spec, run_dir) if r.trainer == "ppo"}
     h["curves"] = curves
-    walls = run_dir / WALLS_FILE
-    h["walls"] = json.loads(walls.read_text()) if walls.is_file() else {}
+    h["walls"] = StageWalls(run_dir).read()
     out = run_dir / "eval"
     plots = {
         "Learning curves (held-out EM, sampled reward, KL), per arm and seed": plot_curves(

@@ -301,3 +301,58 @@ def test_scores_are_read_back_from_the_trajectories(tmp_path):
     # a cell the experiment no longer asks for (another agent, another N) stays out
     assert read_scores(tmp_path, {"mem1-ppo-s0"}, {4}) == {}
     assert read_scores(tmp_path, {"mem1-ppo-s1"}, {2}) == {}
+
+
+KILLED_STAGE = """
+import os, signal, sys, time
+from mem1_core.experiment.walls import StageWalls
+with StageWalls(sys.argv[1], heartbeat_seconds=0.05).stage("ppo-mem1 · seed 0"):
+    print("started", flush=True)
+    time.sleep(0.8)
+    os.kill(os.getpid(), signal.SIGKILL)  # a kill: no finally, no exit handler runs
+"""
+
+
+def test_a_killed_stage_keeps_its_time_and_the_next_attempt_adds_it(tmp_path):
+    """walls.json holds what a person waited: a stage killed mid-way counts its attempt's time
+    (to its last heartbeat) beside the attempt that finished it."""
+    import subprocess
+    import sys
+    import time
+
+    from mem1_core.experiment.walls import OPEN_FILE, StageWalls
+
+    t0 = time.time()
+    child = subprocess.Popen([sys.executable, "-c", KILLED_STAGE, str(tmp_path)],
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert child.stdout.readline().strip() == "started"
+    assert child.wait(timeout=60) == -9
+    killed_for = time.time() - t0
+    assert (tmp_path / OPEN_FILE).is_file()
+    assert not (tmp_path / "walls.json").exists()  # the killed attempt finished nothing
+
+    walls = StageWalls(tmp_path)
+    with walls.stage("ppo-mem1 · seed 0"):
+        time.sleep(0.2)
+    with walls.stage("warm start", count=False):  # found finished: adds nothing
+        time.sleep(0.1)
+    got = walls.read()
+    assert set(got) == {"ppo-mem1 · seed 0"}
+    # the killed attempt ran 0.8 s of its stage (heartbeats every 0.05 s), the resumed 0.2 s
+    assert 0.8 + 0.2 - 0.1 <= got["ppo-mem1 · seed 0"] <= killed_for + 0.2 + 0.2
+    assert not (tmp_path / OPEN_FILE).exists()
+
+
+def test_a_failed_stage_counts_its_time_once(tmp_path):
+    import time
+
+    from mem1_core.experiment.walls import StageWalls
+
+    walls = StageWalls(tmp_path)
+    with pytest.raises(RuntimeError), walls.stage("evaluation, world 0"):
+        time.sleep(0.1)
+        raise RuntimeError("cell failed")
+    assert walls.settle() is None  # nothing left open to add twice
+    with walls.stage("evaluation, world 0"):
+        pass
+    assert 0.1 <= walls.read()["evaluation, world 0"] < 0.5

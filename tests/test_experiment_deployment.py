@@ -118,6 +118,10 @@ def test_experiment_resumes_after_a_crash_and_publishes_its_claims(deployed, tmp
                 for x in (run_dir / arm / f"seed{seed}" / "metrics.jsonl").read_text().splitlines()
             ]
             assert [r["iteration"] for r in rows] == [0, 1], (arm, seed)  # none lost or repeated
+    # every stage's wall time, the killed attempt's folded in (tests/test_experiment.py)
+    walls = json.loads((run_dir / "walls.json").read_text())
+    assert {"warm start", "ppo-full · seed 0", "evaluation, world 4242"} <= set(walls), walls
+    assert not (run_dir / "walls.open.json").exists()
 
     h = json.loads((run_dir / "eval" / "headline.json").read_text())
     assert set(h["worlds"]) == {"0", "4242"} and h["worlds"]["0"]["own"]

@@ -1,0 +1,93 @@
+"""Each stage's wall time in an experiment run (`walls.json`), across the attempts it took.
+
+An experiment outlives its processes: a session ends, a laptop sleeps, a worker is killed,
+and the next attempt resumes the stage (a PPO arm at its newest checkpoint, an evaluation at
+its first unplayed cell). The iterations and cells the stopped attempt finished are not done
+again, so its time belongs to the stage as much as the resumed attempt's. While a stage runs,
+a heartbeat thread stamps `walls.open.json` (the stage, when the attempt started, when it was
+last alive); the next attempt of any stage finds the stamp a killed process left and adds
+that attempt's time, to its last heartbeat, to the stage. The stopped attempt's unfinished
+unit (at most one iteration or cell, played again) is counted twice: the figure is the wall a
+person waited, within one unit of what an uninterrupted run would take.
+
+    walls = StageWalls(run_dir)
+    with walls.stage("ppo-mem1 · seed 0"):
+        train(...)
+    walls.read()   # {"warm start": 512.3, "ppo-mem1 · seed 0": 1710.0, ...}
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from mem1_core.runs.atomic import write_json
+
+WALLS_FILE = "walls.json"
+OPEN_FILE = "walls.open.json"
+HEARTBEAT_SECONDS = 15.0
+
+
+class StageWalls:
+    """`walls.json` under `run_dir`: stage -> seconds, summed over the attempts that ran it."""
+
+    def __init__(self, run_dir: str | Path, heartbeat_seconds: float = HEARTBEAT_SECONDS):
+        self.dir = Path(run_dir)
+        self.path, self.open_path = self.dir / WALLS_FILE, self.dir / OPEN_FILE
+        self.heartbeat = heartbeat_seconds
+
+    def read(self) -> dict[str, float]:
+        return json.loads(self.path.read_text()) if self.path.is_file() else {}
+
+    def _add(self, stage: str, seconds: float) -> None:
+        walls = self.read()
+        walls[stage] = round(walls.get(stage, 0.0) + max(0.0, seconds), 1)
+        write_json(walls, self.path)
+
+    def settle(self) -> str | None:
+        """Fold a stopped attempt's time (the stamp a killed process left) into its stage.
+        -> that stage, or None when no attempt was left open."""
+        if not self.open_path.is_file():
+            return None
+        try:
+            stamp = json.loads(self.open_path.read_text())
+            stage, seconds = stamp["stage"], float(stamp["alive"]) - float(stamp["started"])
+        except (ValueError, KeyError, TypeError):  # a stamp cut short: its time is lost
+            self.open_path.unlink(missing_ok=True)
+            return None
+        self._add(stage, seconds)
+        self.open_path.unlink(missing_ok=True)
+        return stage
+
+    def _stamp(self, stage: str, started: float) -> None:
+        write_json({"stage": stage, "started": started, "alive": time.time()}, self.open_path)
+
+    @contextmanager
+    def stage(self, stage: str, *, count: bool = True) -> Iterator[None]:
+        """Time the block as `stage`; `count=False` (a stage found finished) adds nothing.
+        An exception ends the attempt as a kill would: its time so far is added."""
+        self.settle()
+        if not count:
+            yield
+            return
+        started = time.time()
+        self._stamp(stage, started)
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(self.heartbeat):
+                self._stamp(stage, started)
+
+        thread = threading.Thread(target=beat, name=f"walls: {stage}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+            self._add(stage, time.time() - started)
+            self.open_path.unlink(missing_ok=True)
