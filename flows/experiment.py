@@ -31,7 +31,6 @@ from flows.common import (
     report_progress,
     resolved,
 )
-from mem1_core.runs.atomic import write_json, write_text
 
 RUN_DIR_KEY = "mem1-experiment-run-dir"
 CLAIMS_KEY = "mem1-experiment-claims"
@@ -150,35 +149,6 @@ def timed(run_dir: Path, stage: str, fn, *args, done_before: bool = False):
         return fn(*args)
 
 
-def write_headline(spec, cfg, run_dir: Path, worlds: list[int]) -> dict[str, Any]:
-    """eval/headline.{json,md} and the two plots, from the evaluations' trajectories and the
-    arms' metrics. -> the headline, its markdown and the plots."""
-    from mem1_core.experiment.headline import experiment_headline, read_scores
-    from mem1_core.experiment.plan import arm_runs, eval_agents, world_dirs
-    from mem1_core.experiment.report import headline_markdown, plot_curves, plot_scaling, read_curve
-    from mem1_core.experiment.walls import StageWalls
-
-    names = {name for name, _, _ in eval_agents(spec, run_dir)}
-    evals = {w: read_scores(world_dirs(run_dir, w)[1], names, set(spec.objectives)) for w in worlds}
-    h = experiment_headline(
-        evals, worlds[0], cfg.data.train_objectives, spec.se_bar, spec.peak_ratio_bar, spec.name
-    )
-    curves = {r.label: read_curve(r.dir) for r in arm_runs(spec, run_dir) if r.trainer == "ppo"}
-    h["curves"] = curves
-    h["walls"] = StageWalls(run_dir).read()
-    out = run_dir / "eval"
-    plots = {
-        "Learning curves (held-out EM, sampled reward, KL), per arm and seed": plot_curves(
-            curves, cfg.data.train_objectives, out / "curves.png"
-        ),
-        "EM and peak tokens against N, per world": plot_scaling(h, out / "scaling.png"),
-    }
-    md = f"# Experiment `{spec.name}`: `{run_dir.name}`\n\n{headline_markdown(h)}"
-    write_json(h, out / "headline.json")
-    write_text(md, out / "headline.md")
-    return {"headline": h, "markdown": md, "plots": {k: str(v) for k, v in plots.items() if v}}
-
-
 # The flow is named `mem1`, as the pipeline's is, so that its deployment is `mem1/experiment`
 # beside `mem1/train-eval`; the run names (`experiment · smol-…`) tell the two apart.
 @flow(name="mem1", flow_run_name=_flow_run_name, log_prints=True)
@@ -194,7 +164,13 @@ def experiment(
     a finished run whose warm start and arms are linked, not trained again."""
     from flows.pipeline import resolve_runs_root
     from flows.stages import warm_start
-    from mem1_core.experiment.plan import arm_runs, check_run_dir, finished, link_reused
+    from mem1_core.experiment.plan import (
+        arm_runs,
+        check_run_dir,
+        eval_worlds,
+        finished,
+        link_reused,
+    )
     from mem1_core.experiment.spec import arm_config, base_config, load_experiment
 
     overrides = list(overrides or [])
@@ -223,14 +199,14 @@ def experiment(
         done = finished(run, arm_config(spec, run.arm, run.seed))
         timed(run_dir, run.label, train_arm, experiment, overrides, str(run_dir), run.arm,
               run.seed, done_before=done)  # fmt: skip
-    worlds = [cfg.world.seed, *(w for w in spec.worlds if w != cfg.world.seed)]
     samples = {}
-    for w in worlds:
+    for w in eval_worlds(spec, cfg):
         got = timed(run_dir, f"evaluation, world {w}", evaluate_world, experiment, overrides,
                     str(run_dir), w)  # fmt: skip
         samples = got["samples"]
-    made = write_headline(spec, cfg, run_dir, worlds)
-    from mem1_core.experiment.report import claims_markdown
+    from mem1_core.experiment.report import claims_markdown, write_experiment_headline
+
+    made = write_experiment_headline(spec, cfg, run_dir)
 
     publish_markdown(
         CLAIMS_KEY,

@@ -356,3 +356,66 @@ def test_a_failed_stage_counts_its_time_once(tmp_path):
     with walls.stage("evaluation, world 0"):
         pass
     assert 0.1 <= walls.read()["evaluation, world 0"] < 0.5
+
+
+def test_report_on_a_run_still_going_gives_each_stage_and_the_claims_so_far(tmp_path, capsys):
+    """`mem1 experiment report RUN` on a run mid-way: each stage's progress from what the run
+    wrote, and the headline from the cells played (a claim only where both agents played)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mem1_core.cli.main import main
+    from mem1_core.experiment.plan import SPEC_FILE, check_run_dir, spec_of_run
+
+    spec = load_experiment("smoke")
+    run = tmp_path / "smoke-1"
+    run.mkdir()
+    check_run_dir(run, spec, base_config(spec))
+    assert spec_of_run(run) == spec  # the record reads back as the spec it was written from
+    (run / "warm_start").mkdir()
+    (run / "warm_start" / "result.json").write_text("{}")
+    arm = run / "ppo_mem1" / "seed0"
+    arm.mkdir(parents=True)
+    (arm / "metrics.jsonl").write_text(json.dumps({"iteration": 0, "reward": 0.5}) + "\n")
+    # world 0: the warm start and both MEM1 seeds have played N=2 on the same 8 tasks
+    em = {"warm-start": [1, 0, 0, 1, 0, 0, 1, 0], "mem1-ppo-s0": [1, 1, 1, 1, 0, 1, 1, 0],
+          "mem1-ppo-s1": [1, 1, 0, 1, 1, 1, 1, 1]}  # fmt: skip
+    traj = run / "eval" / "world0" / "trajectories"
+    traj.mkdir(parents=True)
+    for agent, scores in em.items():
+        pq.write_table(pa.table({"task_id": [f"t{k}" for k in range(8)], "reward": scores,
+                                 "peak_tokens": [100] * 8}), traj / f"{agent}_n2.parquet")  # fmt: skip
+
+    assert main(["experiment", "report", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "warm start: done" in out
+    assert (
+        "ppo-mem1 · seed 0: 1 of 2 iterations" in out and "sft-mem1 · seed 0: 0 of 4 steps" in out
+    )
+    assert "evaluation, world 0: 3 of 12 cells" in out  # 6 agent × seed rows × N in {2, 8}
+    h = json.loads((run / "eval" / "headline.json").read_text())
+    assert h["complete"] is False and "evaluation, world 4242: 0 of 12 cells" in h["pending"]
+    [claim] = h["claims"]  # the others need cells not played yet
+    assert claim["key"] == "mem1_above_start" and set(claim["worlds"]) == {"0"}
+    got = claim["worlds"]["0"]
+    # by hand: seed 0 − start per task, seed 1 − start, and the seed average − start
+    start = em["warm-start"]
+    for seed in ("0", "1"):
+        d = [a - b for a, b in zip(em[f"mem1-ppo-s{seed}"], start, strict=True)]
+        assert got["seeds"][seed]["value"] == pytest.approx(sum(d) / 8)
+        assert got["seeds"][seed]["se_paired"] == pytest.approx(_se(d))
+    pooled = [
+        (a + b) / 2 - c for a, b, c in zip(em["mem1-ppo-s0"], em["mem1-ppo-s1"], start, strict=True)
+    ]
+    assert got["pooled"]["value"] == pytest.approx(sum(pooled) / 8)
+    md = (run / "eval" / "headline.md").read_text()
+    assert md.count("Not finished") == 1 and "No evaluation cell played yet" in md
+    assert (run / "eval" / "curves.png").is_file() and (run / "eval" / "scaling.png").is_file()
+    assert (run / SPEC_FILE).is_file()
+
+
+def test_report_refuses_a_directory_that_is_not_an_experiment_run(tmp_path, capsys):
+    from mem1_core.cli.main import main
+
+    assert main(["experiment", "report", str(tmp_path)]) == 2
+    assert "is not an experiment run (no experiment.json)" in capsys.readouterr().err

@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "mem1_core.cli.commands.train",
     "mem1_core.cli.commands.evaluate",
     "mem1_core.cli.commands.compare",
+    "mem1_core.cli.commands.experiment",
     "mem1_core.cli.commands.show",
     "mem1_core.cli.commands.bench",
     "mem1_core.cli.commands.config",

@@ -195,3 +195,68 @@ def eval_agents(spec: ExperimentSpec, run_dir: Path) -> list[tuple[str, str, str
 def world_dirs(run_dir: Path, world: int) -> tuple[Path, Path]:
     """(assets directory, evaluation directory) of world `world`'s final evaluation."""
     return Path(run_dir) / "worlds" / str(world), Path(run_dir) / "eval" / f"world{world}"
+
+
+def agent_names(spec: ExperimentSpec) -> list[str]:
+    """The evaluated name of every agent × seed (`eval_agents`' names, without resolving
+    policies that a run still training does not have)."""
+    return [agent_name(a, s) for a in spec.agents for s in spec.seeds(a)]
+
+
+def eval_worlds(spec: ExperimentSpec, cfg) -> list[int]:
+    """The run's own world (its test split) first, then the held-out ones."""
+    return [cfg.world.seed, *(w for w in spec.worlds if w != cfg.world.seed)]
+
+
+def spec_of_run(run_dir: Path) -> ExperimentSpec:
+    """The experiment a run directory was started with (its experiment.json)."""
+    path = Path(run_dir) / SPEC_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir} is not an experiment run (no {SPEC_FILE})")
+    return ExperimentSpec.from_dict(json.loads(path.read_text())["experiment"])
+
+
+@dataclass(frozen=True)
+class StageStatus:
+    stage: str
+    done: int
+    total: int
+    unit: str
+
+    @property
+    def finished(self) -> bool:
+        return self.done >= self.total
+
+    def __str__(self) -> str:
+        mark = "done" if self.finished else f"{self.done} of {self.total} {self.unit}s"
+        return f"{self.stage}: {mark}"
+
+
+def stage_status(spec: ExperimentSpec, cfg, run_dir: Path) -> list[StageStatus]:
+    """How far each stage of the run has come, from what it wrote: the warm start, each arm ×
+    seed (iterations or steps in its metrics), each world's evaluation (cells played)."""
+    from mem1_core.experiment.spec import arm_config
+
+    run_dir = Path(run_dir)
+    out = [StageStatus("warm start", int((run_dir / WARM_START / "result.json").is_file()), 1,
+                       "stage")]  # fmt: skip
+    for run in arm_runs(spec, run_dir):
+        acfg = arm_config(spec, run.arm, run.seed)
+        count, key = arm_count(acfg, run.arm)
+        if finished(run, acfg):
+            done = count
+        else:
+            rows = RunPaths(run.dir).read_metrics() if run.dir.exists() else []
+            done = min(count - 1, max((r[key] + 1 for r in rows if key in r), default=0))
+        out.append(StageStatus(run.label, done, count, key))
+    from mem1_core.evaluation.cells import trajectories_path
+
+    names = agent_names(spec)
+    for w in eval_worlds(spec, cfg):
+        out_dir = world_dirs(run_dir, w)[1]
+        played = sum(
+            trajectories_path(out_dir, a, n).is_file() for a in names for n in spec.objectives
+        )
+        out.append(StageStatus(f"evaluation, world {w}", played, len(names) * len(spec.objectives),
+                               "cell"))  # fmt: skip
+    return out

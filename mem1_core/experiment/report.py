@@ -11,6 +11,55 @@ from typing import Any
 from mem1_core.experiment.headline import POOLED
 
 
+def write_experiment_headline(spec, cfg, run_dir: Path) -> dict[str, Any]:
+    """eval/headline.{json,md}, eval/curves.png and eval/scaling.png of an experiment run, from
+    its evaluations' trajectories, its arms' metrics and walls.json. On a run still going
+    (`mem1 experiment report`) it is the headline so far: `complete` is false, `pending` names
+    each unfinished stage, and a claim whose cells are not all played is left out.
+    -> {"headline", "markdown", "plots": {title: path}}."""
+    from mem1_core.experiment.headline import experiment_headline, read_scores
+    from mem1_core.experiment.plan import (
+        agent_names,
+        arm_runs,
+        eval_worlds,
+        stage_status,
+        world_dirs,
+    )
+    from mem1_core.experiment.walls import StageWalls
+    from mem1_core.runs.atomic import write_json, write_text
+
+    run_dir = Path(run_dir)
+    names, worlds = set(agent_names(spec)), eval_worlds(spec, cfg)
+    evals = {w: read_scores(world_dirs(run_dir, w)[1], names, set(spec.objectives)) for w in worlds}
+    h = experiment_headline(
+        evals, worlds[0], cfg.data.train_objectives, spec.se_bar, spec.peak_ratio_bar, spec.name
+    )
+    pending = [str(s) for s in stage_status(spec, cfg, run_dir) if not s.finished]
+    h["complete"], h["pending"] = not pending, pending
+    curves = {r.label: read_curve(r.dir) for r in arm_runs(spec, run_dir) if r.trainer == "ppo"}
+    h["curves"] = curves
+    h["walls"] = StageWalls(run_dir).read()
+    out = run_dir / "eval"
+    out.mkdir(parents=True, exist_ok=True)
+    plots = {
+        "Learning curves (held-out EM, sampled reward, KL), per arm and seed": plot_curves(
+            {k: rows for k, rows in curves.items() if rows},
+            cfg.data.train_objectives,
+            out / "curves.png",
+        ),
+        "EM and peak tokens against N, per world": plot_scaling(h, out / "scaling.png"),
+    }
+    status = (
+        ""
+        if not pending
+        else "**Not finished: the headline so far.** Still to do: " + "; ".join(pending) + ".\n\n"
+    )
+    md = f"# Experiment `{spec.name}`: `{run_dir.name}`\n\n{status}{headline_markdown(h)}"
+    write_json(h, out / "headline.json")
+    write_text(md, out / "headline.md")
+    return {"headline": h, "markdown": md, "plots": {k: str(v) for k, v in plots.items() if v}}
+
+
 def _pm(v: float | None, se: float | None, digits: int = 3) -> str:
     if v is None:
         return "–"
@@ -79,10 +128,11 @@ def headline_markdown(h: dict[str, Any]) -> str:
     parts = [
         f"## Claims (bars: {h['bars']['se']:g} paired SE; peak-token ratio ≤ "
         f"{h['bars']['peak_ratio']:g}; ✓ a seed that clears it)\n",
-        claims_markdown(h),
+        claims_markdown(h) if h["claims"] else "No claim can be judged yet.\n",
     ]
     for w, world in h["worlds"].items():
-        parts.append(f"## World {w}\n\n{world_markdown(w, world)}")
+        body = world_markdown(w, world) if world["cells"] else "No evaluation cell played yet.\n"
+        parts.append(f"## World {w}\n\n{body}")
     if h.get("walls"):
         rows = "\n".join(f"| {k} | {v / 60:.1f} |" for k, v in h["walls"].items())
         total = sum(h["walls"].values()) / 60
@@ -154,8 +204,9 @@ def plot_curves(curves: dict[str, list[dict]], train_n: int, path: Path) -> Path
 
 
 def plot_scaling(h: dict[str, Any], path: Path) -> Path | None:
-    """Per world, EM fraction and peak tokens against N, pooled over seeds, ± SE."""
-    worlds = h["worlds"]
+    """Per world, EM fraction and peak tokens against N, pooled over seeds, ± SE (the worlds
+    with a cell played)."""
+    worlds = {w: world for w, world in h["worlds"].items() if world["cells"]}
     if not worlds:
         return None
     import matplotlib

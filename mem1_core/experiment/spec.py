@@ -116,6 +116,16 @@ class ExperimentSpec:
             "se_bar": self.se_bar, "peak_ratio_bar": self.peak_ratio_bar, "ray": self.ray,
         }  # fmt: skip
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ExperimentSpec:
+        """The spec `to_dict` wrote (a run's experiment.json)."""
+        tuples = ("overrides", "worlds", "objectives", "agents", "eval_overrides",
+                  "curve_objectives")  # fmt: skip
+        return cls(**{
+            **d, **{k: tuple(d[k]) for k in tuples if k in d},
+            "arms": {a: tuple(s) for a, s in d["arms"].items()},
+        })  # fmt: skip
+
 
 def experiments_dir() -> Path:
     return Path(os.environ.get("MEM1_EXPERIMENTS") or EXPERIMENTS_DIR)
