@@ -35,6 +35,7 @@ from flows.common import (
 RUN_DIR_KEY = "mem1-experiment-run-dir"
 CLAIMS_KEY = "mem1-experiment-claims"
 HEADLINE_KEY = "mem1-experiment-headline"
+PROGRESS_KEY = "mem1-experiment-progress"
 
 
 def default_experiment_run_name(experiment: str, flow_run_id: str | None) -> str:
@@ -140,6 +141,43 @@ def evaluate_world(
 # ---- the experiment ------------------------------------------------------------------------
 
 
+class Standing:
+    """The experiment's standing in the UI while it runs (hours): a progress artifact (the
+    share of each stage done, averaged over the stages; its description says which) and,
+    after every stage, the headline so far (`mem1-experiment-headline`, marked not finished
+    until the last stage: the curves of the arms trained so far, the cells played so far)."""
+
+    def __init__(self, spec, cfg, run_dir: Path, name: str):
+        self.spec, self.cfg, self.run_dir, self.name = spec, cfg, run_dir, name
+        self.progress_id = None
+
+    def update(self) -> dict[str, Any]:
+        from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+        from flows.common import in_flow_run
+        from mem1_core.experiment.plan import stage_status
+        from mem1_core.experiment.report import write_experiment_headline
+
+        stages = stage_status(self.spec, self.cfg, self.run_dir)
+        percent = 100.0 * sum(min(1.0, s.done / s.total) for s in stages) / len(stages)
+        about = f"Experiment run {self.name}: " + "; ".join(str(s) for s in stages)
+        if in_flow_run():
+            if self.progress_id is None:
+                self.progress_id = create_progress_artifact(
+                    percent, key=PROGRESS_KEY, description=about
+                )
+            else:
+                update_progress_artifact(self.progress_id, percent, description=about)
+        made = write_experiment_headline(self.spec, self.cfg, self.run_dir)
+        publish_markdown(
+            HEADLINE_KEY,
+            f"{made['markdown']}\n\n{image_section(made['plots'])}",
+            f"Headline of experiment run {self.name}: claims, agents × N, curves"
+            + ("" if made["headline"]["complete"] else " (so far)"),
+        )
+        return made
+
+
 def timed(run_dir: Path, stage: str, fn, *args, done_before: bool = False):
     """Run `fn(*args)` (a subflow) and add its wall time to the stage's in walls.json,
     with the time of an attempt a kill stopped (mem1_core.experiment.walls)."""
@@ -192,31 +230,31 @@ def experiment(
         f"`{run_dir}`\n\nStarted again with `run_name={name}`, it resumes there.\n",
         f"Run directory of experiment run {name}",
     )
+    standing = Standing(spec, cfg, run_dir, name)
+    standing.update()
     warm_done = (run_dir / "warm_start" / "result.json").is_file()
     timed(run_dir, "warm start", warm_start, spec.profile, None, list(spec.overrides),
           str(run_dir), resolved(cfg), done_before=warm_done)  # fmt: skip
+    if not warm_done:
+        standing.update()
     for run in arm_runs(spec, run_dir):
         done = finished(run, arm_config(spec, run.arm, run.seed))
         timed(run_dir, run.label, train_arm, experiment, overrides, str(run_dir), run.arm,
               run.seed, done_before=done)  # fmt: skip
+        if not done:
+            standing.update()
     samples = {}
     for w in eval_worlds(spec, cfg):
         got = timed(run_dir, f"evaluation, world {w}", evaluate_world, experiment, overrides,
                     str(run_dir), w)  # fmt: skip
         samples = got["samples"]
-    from mem1_core.experiment.report import claims_markdown, write_experiment_headline
-
-    made = write_experiment_headline(spec, cfg, run_dir)
+        made = standing.update()  # after the last world: the whole headline
+    from mem1_core.experiment.report import claims_markdown
 
     publish_markdown(
         CLAIMS_KEY,
         f"# The paper's claims: experiment `{spec.name}`\n\n{claims_markdown(made['headline'])}",
         f"Claims of experiment run {name}, per world, per seed and pooled",
-    )
-    publish_markdown(
-        HEADLINE_KEY,
-        f"{made['markdown']}\n\n{image_section(made['plots'])}",
-        f"Headline of experiment run {name}: claims, agents × N, curves",
     )
     publish_samples(samples)  # the last world's sample trajectories
     print(claims_markdown(made["headline"]))

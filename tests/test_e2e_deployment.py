@@ -221,14 +221,15 @@ def _client():
 
 
 def _artifacts(flow_run_ids: list[UUID]) -> dict[str, str]:
-    """Key -> data of the artifacts these flow runs published."""
+    """Key -> data of the artifacts these flow runs published (a key published more than once:
+    its newest)."""
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
     with _client() as client:
         arts = client.read_artifacts(
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=flow_run_ids))
         )
-    return {a.key: a.data for a in arts if a.key}
+    return {a.key: a.data for a in sorted(arts, key=lambda a: a.created) if a.key}
 
 
 @pytest.mark.server

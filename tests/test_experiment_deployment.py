@@ -142,7 +142,13 @@ def test_experiment_resumes_after_a_crash_and_publishes_its_claims(deployed, tmp
     ).is_file()
 
     # the UI: the stages as subflow runs named for what they are, the claims and the plots
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        ArtifactFilterKey,
+        FlowRunFilter,
+        FlowRunFilterParentFlowRunId,
+    )
 
     with _client() as client:
         subflows = client.read_flow_runs(
@@ -159,3 +165,21 @@ def test_experiment_resumes_after_a_crash_and_publishes_its_claims(deployed, tmp
     assert "MEM1 above its start at N=2" in published["mem1-experiment-claims"]
     assert published["mem1-experiment-headline"].count("](data:image/png;base64,") == 2
     assert "| mem1-ppo · seed 1 |" in published["mem1-experiment-headline"]
+    assert "Not finished" not in published["mem1-experiment-headline"]
+    # while it ran: the headline so far after each stage, and the share of the stages done
+    with _client() as client:
+        versions = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["mem1-experiment-headline"]))
+        )
+        progress = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=["mem1-experiment-progress"]),
+                flow_run_id=ArtifactFilterFlowRunId(any_=[run.id]),
+            )
+        )
+    # the retried flow run made its own progress artifact: the newest is the one that ended
+    progress = max(progress, key=lambda a: a.created)
+    so_far = [a.data for a in versions if "Not finished" in a.data]
+    assert len(so_far) >= 3, len(so_far)  # the start, the warm start, each arm trained, world 0
+    assert any("ppo-full · seed 1: 0 of 2 iterations" in d for d in so_far)
+    assert progress.data == 100.0 and "evaluation, world 4242: done" in progress.description
