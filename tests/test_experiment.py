@@ -137,7 +137,12 @@ def test_a_run_directory_refuses_a_config_that_trains_differently(tmp_path):
     # another seed, world or N is new work on the same arms: allowed
     more = load_experiment("smoke", ["experiment.arms.mem1-ppo=[0, 1, 2]", "eval.scorer=squad"])
     check_run_dir(tmp_path, more, base_config(more))
-    lr = load_experiment("smoke", ["ppo.actor_lr=3e-5"])
+    # where and how often it checkpoints is not what it trains: resumed elsewhere, allowed
+    moved = load_experiment(
+        "smoke", ["ppo.checkpoint_every=4", "resources.ray_address=10.0.0.1:6379"]
+    )
+    check_run_dir(tmp_path, moved, base_config(moved))
+    lr = load_experiment("smoke", ["ppo.actor_lr=3e-5", "ppo.checkpoint_every=4"])
     with pytest.raises(ValueError, match=r"other settings \(ppo.actor_lr\); give another run name"):
         check_run_dir(tmp_path, lr, base_config(lr))
 

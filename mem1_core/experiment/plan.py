@@ -37,17 +37,21 @@ SPEC_FILE = "experiment.json"
 EVAL_ONLY = ("eval",)
 """Config sections that change no training: a run resumed or reused with other values there
 keeps its arms (each evaluation cell records the settings it was played under)."""
+NEUTRAL = ("resources", "ppo.checkpoint_every")
+"""Sections and fields that say where and how often, not what, a run trains: the machines
+and processes (a run resumed on another cluster layout) and the checkpoint cadence (a resume
+restores the RNG and optimiser state exactly, whichever checkpoint it starts from)."""
 
 
 def training_changes(old: dict, new: dict) -> list[str]:
     """The config fields (`section.field`) whose values differ between two resolved configs
-    (config_json's), outside the evaluation-only sections."""
+    (config_json's), outside the evaluation-only sections and the NEUTRAL fields."""
     return sorted(
         f"{s}.{k}"
         for s, sec in new.items()
-        if isinstance(sec, dict) and s not in EVAL_ONLY
+        if isinstance(sec, dict) and s not in EVAL_ONLY and s not in NEUTRAL
         for k in sec
-        if (old.get(s) or {}).get(k) != sec[k]
+        if f"{s}.{k}" not in NEUTRAL and (old.get(s) or {}).get(k) != sec[k]
     )
 
 
