@@ -34,6 +34,11 @@ POOL = "mem1-process"
 DEPLOYMENT = "mem1/train-eval"
 EXPERIMENT_DEPLOYMENT = "mem1/experiment"
 POLL_SECONDS = 1.0
+"""The status line's redraw (a local file read)."""
+SERVER_POLL_SECONDS = 3.0
+"""The run's state, its subflow runs and their new log lines, from the server. Asked every
+second they cost the server 1.8 CPU seconds a minute and the follower 0.5 (2 % of a 2-core
+machine through a four-hour experiment); every 3 s, 0.3 and 0.1 (benchmarks/launcher_poll.py)."""
 SERVER_STOPS_ENV = "MEM1_SERVER_STOPS_ON_EXIT"
 """Set to 1 by `./dev train-eval` when the Prefect server it started stops with it."""
 CANCEL_GRACE_SECONDS = 8.0
@@ -189,10 +194,15 @@ class StatusLine:
             self.last_text = ""
 
 
-def follow(flow_run_id: UUID, timeout: float | None, progress: Path | None = None) -> Any:
-    """Print state changes and new log lines of the run and its subflows, and the current
-    stage's progress line, until it is final (returns the flow run) or `timeout` seconds
-    pass (raises TimeoutError)."""
+def follow(
+    flow_run_id: UUID,
+    timeout: float | None,
+    progress: Path | None = None,
+    server_every: float = SERVER_POLL_SECONDS,
+) -> Any:
+    """Print state changes and new log lines of the run and its subflows (asked of the server
+    every `server_every` seconds) and the current stage's progress line (every second), until
+    the run is final (returns the flow run) or `timeout` seconds pass (raises TimeoutError)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterTimestamp
     from prefect.client.schemas.sorting import LogSort
@@ -202,33 +212,36 @@ def follow(flow_run_id: UUID, timeout: float | None, progress: Path | None = Non
     since = datetime.now(UTC)
     last_state = None
     deadline = None if not timeout else time.monotonic() + timeout
+    asked_at = -1e9
     with get_client(sync_client=True) as client:
         while True:
-            run = client.read_flow_run(flow_run_id)
-            logs = client.read_logs(
-                LogFilter(
-                    flow_run_id=LogFilterFlowRunId(any_=_subflow_ids(client, flow_run_id)),
-                    timestamp=LogFilterTimestamp(after_=since),
-                ),
-                sort=LogSort.TIMESTAMP_ASC,
-                limit=200,
-            )
-            for log in logs:
-                if log.id not in seen:
-                    seen.add(log.id)
-                    since = max(since, log.timestamp)
-                    if log.message.startswith("Finished in state Completed"):
-                        continue  # one per task run: noise on a terminal
+            if time.monotonic() - asked_at >= server_every:
+                asked_at = time.monotonic()
+                run = client.read_flow_run(flow_run_id)
+                logs = client.read_logs(
+                    LogFilter(
+                        flow_run_id=LogFilterFlowRunId(any_=_subflow_ids(client, flow_run_id)),
+                        timestamp=LogFilterTimestamp(after_=since),
+                    ),
+                    sort=LogSort.TIMESTAMP_ASC,
+                    limit=200,
+                )
+                for log in logs:
+                    if log.id not in seen:
+                        seen.add(log.id)
+                        since = max(since, log.timestamp)
+                        if log.message.startswith("Finished in state Completed"):
+                            continue  # one per task run: noise on a terminal
+                        status.clear()
+                        say(f"{log.timestamp:%H:%M:%S} {log.name.split('.')[-1]}: {log.message}")
+                state = run.state.name if run.state else None
+                if state != last_state:
                     status.clear()
-                    say(f"{log.timestamp:%H:%M:%S} {log.name.split('.')[-1]}: {log.message}")
-            state = run.state.name if run.state else None
-            if state != last_state:
-                status.clear()
-                say(f"flow run {run.name}: {state}")
-                last_state = state
-            if run.state is not None and run.state.is_final():
-                status.clear()
-                return run
+                    say(f"flow run {run.name}: {state}")
+                    last_state = state
+                if run.state is not None and run.state.is_final():
+                    status.clear()
+                    return run
             status.poll()
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"flow run {run.name} not finished after {timeout:.0f} s")
