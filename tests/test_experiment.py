@@ -413,6 +413,10 @@ def test_report_on_a_run_still_going_gives_each_stage_and_the_claims_so_far(tmp_
         (a + b) / 2 - c for a, b, c in zip(em["mem1-ppo-s0"], em["mem1-ppo-s1"], start, strict=True)
     ]
     assert got["pooled"]["value"] == pytest.approx(sum(pooled) / 8)
+    from mem1_core.experiment.report import _warm_start_cells
+
+    # where the curves begin: the warm start's own-world cell, drawn under the arms' curves
+    assert _warm_start_cells(h)[2]["em_frac"] == pytest.approx(sum(start) / 8)
     md = (run / "eval" / "headline.md").read_text()
     assert md.count("Not finished") == 1 and "No evaluation cell played yet" in md
     assert (run / "eval" / "curves.png").is_file() and (run / "eval" / "scaling.png").is_file()

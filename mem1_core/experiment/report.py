@@ -11,6 +11,13 @@ from typing import Any
 from mem1_core.experiment.headline import POOLED
 
 
+def _warm_start_cells(h: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """N -> the warm start's cell on the run's own world (empty before it is evaluated)."""
+    own = next((w for w in h["worlds"].values() if w["own"]), None)
+    cells = own["cells"] if own else []
+    return {c["N"]: c for c in cells if c["agent"] == "warm-start" and c["seed"] == POOLED}
+
+
 def write_experiment_headline(spec, cfg, run_dir: Path) -> dict[str, Any]:
     """eval/headline.{json,md}, eval/curves.png and eval/scaling.png of an experiment run, from
     its evaluations' trajectories, its arms' metrics and walls.json. On a run still going
@@ -160,9 +167,16 @@ def read_curve(run_dir: Path) -> list[dict[str, Any]]:
     ]
 
 
-def plot_curves(curves: dict[str, list[dict]], train_n: int, path: Path) -> Path | None:
+def plot_curves(
+    curves: dict[str, list[dict]],
+    train_n: int,
+    path: Path,
+    start: dict[int, dict[str, Any]] | None = None,
+) -> Path | None:
     """Held-out EM against PPO iterations (training N solid, longer N dashed), the sampled
-    reward and the KL to the start: one colour per arm, one marker per seed."""
+    reward and the KL to the start: one colour per arm, one marker per seed. `start`: the
+    warm start's cell per N from the final evaluation of the run's own world (its EM ± SE, a
+    grey line and band at each N the curves show: where the arms began)."""
     if not any(curves.values()):
         return None
     import matplotlib
@@ -191,6 +205,17 @@ def plot_curves(curves: dict[str, list[dict]], train_n: int, path: Path) -> Path
                 held.plot(
                     *zip(*pts, strict=True), marker + style, color=color, label=f"{label}, N={n}"
                 )
+    shown = {train_n} | {
+        int(k[6:-7]) for rows in curves.values() for r in rows for k in r if k.startswith("eval/n")
+    }
+    for n, style in zip(sorted(shown), ("-", "--", ":", "-."), strict=False):
+        cell = (start or {}).get(n)
+        if cell is None:
+            continue
+        em, se = cell["em_frac"], cell.get("em_frac_se") or 0.0
+        held.axhline(em, color="0.45", ls=style, lw=1,
+                     label=f"warm start, N={n} ({cell['tasks']} tasks, final evaluation)")  # fmt: skip
+        held.axhspan(em - se, em + se, color="0.45", alpha=0.12, lw=0)
     for ax, title in ((held, "held-out EM (greedy)"), (sampled, f"sampled reward, N={train_n}"),
                       (kl, "KL to the warm start (per token)")):  # fmt: skip
         ax.set_xlabel("PPO iteration")
