@@ -38,7 +38,7 @@ from mem1_core.experiment.spec import base_config, eval_config, load_experiment
 def test_the_smol_experiment_reads_its_settings_and_a_set_wins():
     spec = load_experiment("smol")
     assert spec.arms == {"mem1-ppo": (0, 1), "full-ppo": (0, 1), "mem1-sft": (0,)}
-    assert spec.worlds == (4242,) and spec.objectives == (2, 4, 8, 16)
+    assert spec.worlds == (4242,) and spec.objectives == (1, 2, 4, 8, 16)
     c = base_config(spec)
     assert (c.ppo.iterations, c.ppo.actor_lr, c.ppo.critic_lr, c.sft.steps) == (12, 1e-5, 5e-5, 48)
     # 2 held-out points over the 12 iterations, at N=8 beside the training N
@@ -58,7 +58,7 @@ def test_the_smol_experiment_reads_its_settings_and_a_set_wins():
     assert eval_config(smoke, 0).rollout.turns_per_objective == 1
     assert base_config(smoke).rollout.turns_per_objective == 2
     ev = eval_config(spec, 4242)
-    assert ev.world.seed == 4242 and ev.data.eval_tasks(16) == 4 and ev.data.eval_tasks(2) == 32
+    assert ev.world.seed == 4242 and ev.data.eval_tasks(16) == 8 and ev.data.eval_tasks(1) == 128
 
 
 @pytest.mark.parametrize(
