@@ -137,3 +137,24 @@ def test_policy_source_changes_when_a_policy_is_saved_again(tmp_path):
     (policy / "model.safetensors").write_bytes(b"other weights")
     assert policy_source(policy) != first
     assert policy_source("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"  # a hub name as it is
+
+
+def test_a_resumed_evaluation_counts_its_reused_cells_once(setting, monkeypatch, tmp_path):
+    """The progress of a resumed evaluation starts at the tasks of its reused cells (its pace,
+    and so its estimate, from the cells it plays) and ends at the total, not above or below."""
+    tok, env, tasks_by_n, agents = setting
+    evaluate_scaling(_named(agents()), tok, env, tasks_by_n, CFG, tmp_path, False, key="k")
+    (tmp_path / "trajectories" / "lapsing_n2.parquet").unlink()
+    seen = []
+
+    class Watched(scaling.StageProgress):
+        def _emit(self, final):
+            seen.append((self.start, self.done, self.total, final))
+            super()._emit(final)
+
+    monkeypatch.setattr(scaling, "StageProgress", Watched)
+    evaluate_scaling(_named(agents()), tok, env, tasks_by_n, CFG, tmp_path, False, key="k")
+    total = 2 * sum(len(t) for t in tasks_by_n.values())
+    reused = total - len(tasks_by_n[2])
+    assert seen[0] == (reused, reused, total, False)
+    assert max(done for _, done, _, _ in seen) == total and seen[-1] == (reused, total, total, True)

@@ -43,6 +43,19 @@ def test_no_estimate_before_the_first_unit_when_a_count_decides(tmp_path):
     assert read(tmp_path / "p.json")["eta_s"] == pytest.approx(300.0, abs=1.0)
 
 
+def test_a_resumed_stage_paces_its_estimate_on_its_own_units(tmp_path):
+    """A PPO run resumed at iteration 6 of 12 that took 60 s for its first iteration of this
+    attempt has 5 x 60 s left; its fraction counts the 6 it found done."""
+    p = Progress("ppo", total=12, start=6, path=tmp_path / "p.json", file_seconds=0)
+    p.t0 -= 60.0
+    p.update(6)  # nothing of this attempt yet: no estimate
+    assert read(tmp_path / "p.json")["eta_s"] is None
+    p.update(7)
+    st = read(tmp_path / "p.json")
+    assert st["fraction"] == pytest.approx(7 / 12)
+    assert st["eta_s"] == pytest.approx(300.0, abs=1.0)
+
+
 def test_updates_are_throttled_for_the_file_and_the_log(tmp_path, caplog):
     path = tmp_path / "progress.json"
     with caplog.at_level(logging.INFO, logger="mem1.progress"):

@@ -90,8 +90,9 @@ def evaluate_scaling(
     ]  # fmt: skip
     by_name = {a.name: a for a in agents}
     total = len(agents) * sum(len(t) for t in tasks_by_n.values())
-    watch = StageProgress("evaluation", total=total, unit="task")
     reused = {c.path: finished_cell(c) for c in cells} if key is not None else {}
+    start = sum(len(c.tasks) for c in cells if reused.get(c.path) is not None)
+    watch = StageProgress("evaluation", total=total, start=start, unit="task")
     elsewhere: dict[Path, tuple] = {}
     todo = [c for c in cells if reused.get(c.path) is None and c.policy]
     if player is not None and todo:
@@ -133,7 +134,8 @@ def evaluate_scaling(
                 **summarize(trajs, seconds),
             }
         )
-        if cell.path not in elsewhere:  # the player's callback counted those
+        if cell.path not in elsewhere and reused.get(cell.path) is None:
+            # the player's callback counted the cells it played; `start`, the reused ones
             watch.update(
                 watch.done + len(cell.tasks), agent=agent.name, N=cell.n,
                 em=round(rows[-1]["em_frac"], 3),

@@ -37,13 +37,19 @@ def fmt_seconds(s: float | None) -> str:
 
 
 class Progress:
-    """`with Progress("sft", total=steps, budget_seconds=minutes * 60) as p: p.update(i, loss=…)`."""
+    """`with Progress("sft", total=steps, budget_seconds=minutes * 60) as p: p.update(i, loss=…)`.
+
+    `start`: the units a resumed stage finished before this attempt. They count toward the
+    fraction done, not toward the pace: what remains is estimated from this attempt's units
+    alone (a PPO run resumed at iteration 6 of 12, one iteration in, has 5 of its own pace
+    left, not the 5/7 of its elapsed time that counting all 7 would say)."""
 
     def __init__(
         self,
         stage: str,
         *,
         total: int | None = None,
+        start: int = 0,
         unit: str = "step",
         budget_seconds: float | None = None,
         file_seconds: float = 1.0,
@@ -56,7 +62,7 @@ class Progress:
         self.file_seconds, self.log_seconds = file_seconds, log_seconds
         self.t0 = time.perf_counter()
         self._file_at = self._log_at = -1e9
-        self.done = 0
+        self.start = self.done = start
         self.metrics: dict = {}
         self._emit(final=False)  # the stage is on screen from its first second
 
@@ -69,11 +75,15 @@ class Progress:
     def state(self, final: bool = False) -> dict:
         elapsed = time.perf_counter() - self.t0
         f = 1.0 if final else self.fraction()
-        eta = 0.0 if final else (elapsed * (1 - f) / f if f else None)
-        if not final and self.total and not self.done:
-            # the count decides and no unit has finished: the time budget alone would read as
-            # an estimate ("~1:51:53 left" for a run of minutes); the first unit tells
-            eta = None
+        eta: float | None = 0.0
+        if not final:
+            own = self.done - self.start
+            etas = [elapsed * (self.total - self.done) / own] if self.total and own > 0 else []
+            if self.budget:
+                etas.append(max(self.budget - elapsed, 0.0))
+            # the count decides and no unit of this attempt has finished: the time budget
+            # alone would read as an estimate ("~1:51:53 left" for a run of minutes)
+            eta = None if self.total and own <= 0 else min(etas, default=None)
         return {
             "stage": self.stage,
             "done": self.done,

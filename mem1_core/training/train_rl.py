@@ -140,10 +140,10 @@ class MetricsSink:
             if estimator == "gae"
             else f"{estimator} ({cfg.rollout.memory})",
             total=cfg.ppo.iterations,
+            start=start,
             unit="iteration",
             budget_seconds=cfg.ppo.minutes * 60,
         )
-        self.stage.done = start
 
     def log(self, record: dict[str, Any]) -> None:
         self.files.append_metrics(record)
