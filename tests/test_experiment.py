@@ -363,15 +363,26 @@ def test_a_failed_stage_counts_its_time_once(tmp_path):
     assert 0.1 <= walls.read()["evaluation, world 0"] < 0.5
 
 
-def test_report_on_a_run_still_going_gives_each_stage_and_the_claims_so_far(tmp_path, capsys):
+def test_report_on_a_run_still_going_gives_each_stage_and_the_claims_so_far(
+    tmp_path, capsys, monkeypatch
+):
     """`mem1 experiment report RUN` on a run mid-way: each stage's progress from what the run
     wrote, and the headline from the cells played (a claim only where both agents played)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    import mem1_core.experiment.report as report
     from mem1_core.cli.main import main
     from mem1_core.experiment.plan import SPEC_FILE, check_run_dir, spec_of_run
 
+    drawn = {}
+    real_plot = report.plot_curves
+
+    def plot_curves(curves, train_n, path, start=None):
+        drawn["start"] = start
+        return real_plot(curves, train_n, path, start=start)
+
+    monkeypatch.setattr(report, "plot_curves", plot_curves)
     spec = load_experiment("smoke")
     run = tmp_path / "smoke-1"
     run.mkdir()
@@ -417,6 +428,7 @@ def test_report_on_a_run_still_going_gives_each_stage_and_the_claims_so_far(tmp_
 
     # where the curves begin: the warm start's own-world cell, drawn under the arms' curves
     assert _warm_start_cells(h)[2]["em_frac"] == pytest.approx(sum(start) / 8)
+    assert drawn["start"][2]["em_frac"] == pytest.approx(sum(start) / 8)
     md = (run / "eval" / "headline.md").read_text()
     assert md.count("Not finished") == 1 and "No evaluation cell played yet" in md
     assert (run / "eval" / "curves.png").is_file() and (run / "eval" / "scaling.png").is_file()

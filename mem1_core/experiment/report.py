@@ -53,6 +53,7 @@ def write_experiment_headline(spec, cfg, run_dir: Path) -> dict[str, Any]:
             {k: rows for k, rows in curves.items() if rows},
             cfg.data.train_objectives,
             out / "curves.png",
+            start=_warm_start_cells(h),
         ),
         "EM and peak tokens against N, per world": plot_scaling(h, out / "scaling.png"),
     }
