@@ -104,7 +104,7 @@ class MetricsSink:
         if not id_file.is_file():
             write_text(uuid.uuid4().hex[:12], id_file)
 
-        def start(run_id: str):
+        def open_run(run_id: str):
             return wandb.init(
                 project=os.environ.get("WANDB_PROJECT", "mem1"),
                 name=f"{files.root.name}-{estimator}",
@@ -117,7 +117,7 @@ class MetricsSink:
             )
 
         try:
-            self.run = start(id_file.read_text().strip())
+            self.run = open_run(id_file.read_text().strip())
         except Exception as e:  # W&B raises its own server errors
             if "in use" not in str(e):
                 raise
@@ -125,7 +125,7 @@ class MetricsSink:
             # retried at once): the run goes on under a new W&B run; metrics.jsonl is whole.
             log.warning("W&B run %s is still held (%s): logging to a new W&B run", id_file, e)
             write_text(uuid.uuid4().hex[:12], id_file)
-            self.run = start(id_file.read_text().strip())
+            self.run = open_run(id_file.read_text().strip())
         self.run.define_metric("*", step_metric="iteration")
         self.bar = tqdm(
             total=cfg.ppo.iterations,
