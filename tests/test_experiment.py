@@ -284,7 +284,8 @@ def test_the_claims_table_and_the_world_tables_render_every_figure(headline, tmp
     table = claims_markdown(h)
     rows = [r for r in table.splitlines()[2:]]
     assert len(rows) == sum(len(c["worlds"]) for c in h["claims"])  # a row per claim and world
-    assert table.splitlines()[0].split(" | ")[3:6] == [POOLED, "seed 0", "seed 1"]
+    head = table.splitlines()[0].split(" | ")
+    assert head[2:7] == ["verdict", "bar", POOLED, "seed 0", "seed 1 |"]
     assert "seed 0 only" in table and "(own)" in table
     md = headline_markdown(h)
     assert "| mem1-ppo · seed 1 |" in md and "EM summed over objectives" in md

@@ -84,21 +84,22 @@ def claim_figure(g: dict[str, Any], metric: str) -> str:
 
 
 def claims_markdown(h: dict[str, Any]) -> str:
-    """One row per claim and world: pooled figure, each seed's, the bar and the verdict."""
+    """One row per claim and world: the verdict, the bar, the pooled figure and each seed's
+    (the verdict beside the claim: a wide table in the UI scrolls, and it is read first)."""
     seeds = sorted({s for c in h["claims"] for w in c["worlds"].values() for s in w["seeds"]})
-    head = ["claim", "world", "bar", POOLED, *(f"seed {s}" for s in seeds), "verdict"]
+    head = ["claim", "world", "verdict", "bar", POOLED, *(f"seed {s}" for s in seeds)]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for c in h["claims"]:
         for w, got in c["worlds"].items():
             own = " (own)" if h["worlds"][w]["own"] else ""
-            cols = [c["label"], f"{w}{own}", c["bar"], claim_figure(got[POOLED], c["metric"])]
+            verdict = got["verdict"]
+            cols = [c["label"], f"{w}{own}", f"**{verdict}**" if verdict == "holds" else verdict,
+                    c["bar"], claim_figure(got[POOLED], c["metric"])]  # fmt: skip
             for s in seeds:
                 g = got["seeds"].get(s)
                 cols.append(
                     claim_figure(g, c["metric"]) + (" ✓" if g["holds"] else "") if g else ""
                 )
-            verdict = got["verdict"]
-            cols.append(f"**{verdict}**" if verdict == "holds" else verdict)
             lines.append("| " + " | ".join(cols) + " |")
     return "\n".join(lines) + "\n"
 
