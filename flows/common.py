@@ -86,9 +86,14 @@ def stage_run_name() -> str:
     return f"{name} · {Path(where).name}" if where else name
 
 
+FORWARDED_LOGGERS = ("mem1.progress", "mem1_core.models.compute")
+"""The library's loggers a flow run's log shows: progress (already throttled), and the compute
+dtype each process chose for this machine (once per process, with its reason)."""
+
+
 class _RunLogHandler(logging.Handler):
-    """Forwards the library's `mem1.progress` lines (already throttled) to the log of the
-    flow run they happen in, so each stage's progress shows in its own run's logs."""
+    """Forwards the library's FORWARDED_LOGGERS lines to the log of the flow run they happen
+    in, so each stage's progress shows in its own run's logs."""
 
     def emit(self, record: logging.LogRecord) -> None:
         from prefect import get_run_logger
@@ -106,11 +111,12 @@ def report_progress(run_dir: Path) -> None:
     from mem1_core.runs.progress import ENV
 
     os.environ[ENV] = str(run_dir / "progress.json")
-    logger = logging.getLogger("mem1.progress")
-    logger.setLevel(logging.INFO)
-    if not any(isinstance(h, _RunLogHandler) for h in logger.handlers):
-        logger.addHandler(_RunLogHandler())
-        logger.propagate = False
+    for name in FORWARDED_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.INFO)
+        if not any(isinstance(h, _RunLogHandler) for h in logger.handlers):
+            logger.addHandler(_RunLogHandler())
+            logger.propagate = False
 
 
 def image_section(plots: dict[str, str | Path]) -> str:

@@ -40,6 +40,7 @@ from flows.common import (
 )
 from mem1_core.config import config_json
 from mem1_core.evaluation.run_summary import render_headline, render_summary, run_headline
+from mem1_core.models.compute import machine_record
 from mem1_core.runs.atomic import write_json, write_text
 from mem1_core.runs.layout import CHECKPOINTS, newest_checkpoint_under
 from mem1_core.training.actor_pool import reuse_actors
@@ -274,6 +275,8 @@ def mem1(
             "overrides": list(overrides or []),
             "run_name": run_name,
             "config": config_json(cfg),
+            # what it ran on: a run's timings and its compute dtype depend on the CPU
+            "machine": machine_record(cfg.model.autocast),
         },
         run_dir / "run.json",
     )

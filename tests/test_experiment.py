@@ -347,6 +347,10 @@ def test_a_killed_stage_keeps_its_time_and_the_next_attempt_adds_it(tmp_path):
     # the killed attempt ran 0.8 s of its stage (heartbeats every 0.05 s), the resumed 0.2 s
     assert 0.8 + 0.2 - 0.1 <= got["ppo-mem1 · seed 0"] <= killed_for + 0.2 + 0.2
     assert not (tmp_path / OPEN_FILE).exists()
+    # both attempts ran on this CPU: it is named once, beside the stage
+    from mem1_core.models.compute import cpu_info
+
+    assert walls.cpus() == {"ppo-mem1 · seed 0": [cpu_info().describe()]}
 
 
 def test_a_failed_stage_counts_its_time_once(tmp_path):

@@ -44,8 +44,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_compute_choice() -> None:
+    """The compute dtype each process picks for this machine (mem1_core.models.compute) is
+    logged once at INFO; a command's stderr shows it, as a flow run's log does."""
+    import logging
+
+    logger = logging.getLogger("mem1_core.models.compute")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _show_compute_choice()
     try:
         rc = args.func(args)
     except (UserError, ValueError, FileNotFoundError) as e:

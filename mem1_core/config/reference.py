@@ -60,6 +60,9 @@ class Resolved:
     value: Any
     source: str
     doc: str
+    here: str | None = None
+    """What a machine-dependent value (`model.autocast: auto`) resolves to in this process,
+    and why; None for every other field."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -67,6 +70,7 @@ class Resolved:
             "value": jsonable(self.value),
             "source": self.source,
             "doc": self.doc,
+            **({"here": self.here} if self.here else {}),
         }
 
 
@@ -164,9 +168,21 @@ def resolve(
     cfg = load_config(profile, path, overrides)
     sources = provenance(profile, path, overrides)
     return [
-        Resolved(f.key, _value(cfg, f.key), sources.get(f.key, DEFAULT), f.doc)
+        Resolved(f.key, value, sources.get(f.key, DEFAULT), f.doc, _here(f.key, value))
         for f in config_fields()
+        for value in [_value(cfg, f.key)]
     ]
+
+
+def _here(key: str, value: Any) -> str | None:
+    """`auto` of `model.autocast`, resolved on this machine (the probe runs once)."""
+    if key != "model.autocast" or value != "auto":
+        return None
+    import torch
+
+    from mem1_core.models.compute import describe_auto
+
+    return describe_auto("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def jsonable(value: Any) -> Any:
@@ -191,6 +207,8 @@ def render_show(rows: list[Resolved], width: int = 100) -> str:
             lines.append(f"\n[{head}]" if head else "")
         assignment = f"{r.key} = {render_value(r.value)}"
         lines.append(f"{assignment:<{left}}  # {r.source}")
+        if r.here:
+            lines.append(f"    -> {r.here}")
         if r.doc:
             lines.extend(
                 textwrap.wrap(

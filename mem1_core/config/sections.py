@@ -193,9 +193,12 @@ class ModelConfig(Section):
     """The weights' dtype: `float32` on CPU; `bfloat16` on GPU."""
     autocast: str | None = None
     """Compute in this dtype under torch.autocast over the weights in `dtype`: generation (the
-    HF backend), SFT and the PPO learner. `bfloat16` on a CPU with AVX512-BF16 (the `smol`
-    profile: SmolLM2 generates 2.5x and trains 2.8x faster than in float32). None: compute
-    in `dtype`."""
+    HF backend), SFT and the PPO learner. `auto` (the `smol` profile's): bfloat16 where this
+    machine computes it natively (a CPU with AVX512-BF16 or AMX, where SmolLM2 generates 2.5x
+    and trains 2.8x faster than in float32; a GPU with bf16), float32 elsewhere (on an
+    AVX2-only CPU bf16 runs ~200x slower); decided once per process by a probe matmul and
+    logged (mem1_core.models.compute; `mem1 config show` says what it resolves to here).
+    `bfloat16` forces it (with a warning where it is emulated). None: compute in `dtype`."""
     attn: str = "sdpa"
     """Attention for the dense path: `sdpa` (boolean masks), `eager` (0/-inf float masks), or
     `flex_attention` (GPU training path, BlockMask)."""
@@ -227,8 +230,10 @@ class ModelConfig(Section):
             raise ValueError(f"model.attn={self.attn!r}: use sdpa, eager or flex_attention")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"model.dtype={self.dtype!r}: use float32, bfloat16 or float16")
-        if self.autocast not in (None, "bfloat16", "float16"):
-            raise ValueError(f"model.autocast={self.autocast!r}: use bfloat16, float16 or null")
+        if self.autocast not in (None, "auto", "bfloat16", "float16"):
+            raise ValueError(
+                f"model.autocast={self.autocast!r}: use auto, bfloat16, float16 or null"
+            )
         if self.base is not None and self.name_or_path is not None:
             raise ValueError(
                 "model.base (the embedded tiny base) and model.name_or_path (a hub model) "

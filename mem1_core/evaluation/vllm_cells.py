@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from mem1_core.evaluation.cells import Cell, write_cell
+from mem1_core.models.compute import resolve_autocast
 
 log = logging.getLogger(__name__)
 progress_log = logging.getLogger("mem1.progress")
@@ -95,13 +96,20 @@ def choose_player(cfg, run_dir: str | Path) -> VLLMCellPlayer | None:
     return VLLMCellPlayer(cfg, python, str(Path(run_dir).resolve()), fallback=backend == "auto")
 
 
+def _device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def engine_options(cfg) -> dict[str, Any]:
     """VLLMBackend.from_pretrained_dir's settings for an evaluation engine (JSON-able; the
     child adds `enforce_eager` on a CPU)."""
     return {
         # the Hugging Face path computes under autocast over float32 weights (the smol
-        # profile's bf16): the engine computes in that dtype too
-        "dtype": cfg.model.autocast or cfg.model.dtype,
+        # profile's `auto`: bf16 where this machine has it natively): the engine computes in
+        # the dtype that path resolves to here
+        "dtype": resolve_autocast(cfg.model.autocast, _device()) or cfg.model.dtype,
         "seed": cfg.model.seed,
         "gpu_memory_utilization": cfg.rollout.gpu_memory_utilization,
     }

@@ -45,7 +45,8 @@ def write_experiment_headline(spec, cfg, run_dir: Path) -> dict[str, Any]:
     h["complete"], h["pending"] = not pending, pending
     curves = {r.label: read_curve(r.dir) for r in arm_runs(spec, run_dir) if r.trainer == "ppo"}
     h["curves"] = curves
-    h["walls"] = StageWalls(run_dir).read()
+    walls = StageWalls(run_dir)
+    h["walls"], h["cpus"] = walls.read(), walls.cpus()
     out = run_dir / "eval"
     out.mkdir(parents=True, exist_ok=True)
     plots = {
@@ -143,10 +144,14 @@ def headline_markdown(h: dict[str, Any]) -> str:
         body = world_markdown(w, world) if world["cells"] else "No evaluation cell played yet.\n"
         parts.append(f"## World {w}\n\n{body}")
     if h.get("walls"):
-        rows = "\n".join(f"| {k} | {v / 60:.1f} |" for k, v in h["walls"].items())
+        cpus = h.get("cpus") or {}
+        rows = "\n".join(
+            f"| {k} | {v / 60:.1f} | {'; '.join(cpus.get(k, [])) or '?'} |"
+            for k, v in h["walls"].items()
+        )
         total = sum(h["walls"].values()) / 60
-        parts.append(f"## Wall time per stage\n\n| stage | minutes |\n|---|---|\n{rows}\n"
-                     f"| total | {total:.1f} |\n")  # fmt: skip
+        parts.append(f"## Wall time per stage\n\n| stage | minutes | CPU |\n|---|---|---|\n"
+                     f"{rows}\n| total | {total:.1f} | |\n")  # fmt: skip
     parts.append(f"## How the figures are estimated\n\n{h['estimator']}")
     return "\n".join(parts)
 

@@ -14,6 +14,12 @@ person waited, within one unit of what an uninterrupted run would take.
     with walls.stage("ppo-mem1 · seed 0"):
         train(...)
     walls.read()   # {"warm start": 512.3, "ppo-mem1 · seed 0": 1710.0, ...}
+    walls.cpus()   # {"warm start": ["AMD EPYC (x86_64, 2 cores; avx2 avx512f avx512_bf16)"], ...}
+
+A figure is only a figure with its machine: the same stage ran 1.8-2.3x faster on one day's
+CPU than another's, and bf16 compute is 2.5x float32 on one CPU and 1/200 on another. So
+walls.json keeps, under the reserved key `cpus`, each stage's CPUs (one per machine its
+attempts ran on, mem1_core.models.compute.cpu_info).
 """
 
 from __future__ import annotations
@@ -25,10 +31,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from mem1_core.models.compute import cpu_info
 from mem1_core.runs.atomic import write_json
 
 WALLS_FILE = "walls.json"
 OPEN_FILE = "walls.open.json"
+CPUS_KEY = "cpus"
+"""walls.json's reserved key: stage -> the CPUs its attempts ran on."""
 HEARTBEAT_SECONDS = 15.0
 
 
@@ -40,12 +49,24 @@ class StageWalls:
         self.path, self.open_path = self.dir / WALLS_FILE, self.dir / OPEN_FILE
         self.heartbeat = heartbeat_seconds
 
-    def read(self) -> dict[str, float]:
+    def _raw(self) -> dict:
         return json.loads(self.path.read_text()) if self.path.is_file() else {}
 
-    def _add(self, stage: str, seconds: float) -> None:
-        walls = self.read()
+    def read(self) -> dict[str, float]:
+        """Stage -> seconds."""
+        return {k: v for k, v in self._raw().items() if k != CPUS_KEY}
+
+    def cpus(self) -> dict[str, list[str]]:
+        """Stage -> the CPUs its attempts ran on (each once)."""
+        return self._raw().get(CPUS_KEY, {})
+
+    def _add(self, stage: str, seconds: float, cpu: str | None = None) -> None:
+        walls = self._raw()
         walls[stage] = round(walls.get(stage, 0.0) + max(0.0, seconds), 1)
+        cpus = walls.setdefault(CPUS_KEY, {}).setdefault(stage, [])
+        if cpu and cpu not in cpus:
+            cpus.append(cpu)
+        walls[CPUS_KEY] = walls.pop(CPUS_KEY)  # last, after the stages
         write_json(walls, self.path)
 
     def settle(self) -> str | None:
@@ -59,12 +80,15 @@ class StageWalls:
         except (ValueError, KeyError, TypeError):  # a stamp cut short: its time is lost
             self.open_path.unlink(missing_ok=True)
             return None
-        self._add(stage, seconds)
+        self._add(stage, seconds, stamp.get("cpu"))
         self.open_path.unlink(missing_ok=True)
         return stage
 
     def _stamp(self, stage: str, started: float) -> None:
-        write_json({"stage": stage, "started": started, "alive": time.time()}, self.open_path)
+        write_json(
+            {"stage": stage, "started": started, "alive": time.time(), "cpu": _cpu()},
+            self.open_path,
+        )
 
     @contextmanager
     def stage(self, stage: str, *, count: bool = True) -> Iterator[None]:
@@ -89,5 +113,9 @@ class StageWalls:
         finally:
             stop.set()
             thread.join()
-            self._add(stage, time.time() - started)
+            self._add(stage, time.time() - started, _cpu())
             self.open_path.unlink(missing_ok=True)
+
+
+def _cpu() -> str:
+    return cpu_info().describe()

@@ -45,12 +45,24 @@ def set_compute(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Module:
     return model
 
 
+def model_autocast(model: torch.nn.Module) -> str | None:
+    """The dtype `model` computes in under autocast, on the device it is on now: its recorded
+    `model.autocast`, with `auto` resolved for this process and device
+    (mem1_core.models.compute); None: in its weights' dtype."""
+    from mem1_core.models.compute import resolve_autocast
+
+    dtype = getattr(model, AUTOCAST_ATTR, None)
+    if dtype is None:
+        return None
+    return resolve_autocast(dtype, next(model.parameters()).device.type)
+
+
 def compute_context(model: torch.nn.Module):
     """torch.autocast in the model's `model.autocast` dtype on its device, else a null
     context. Weights stay as they are (float32 on CPU), so optimiser steps keep full precision."""
     import contextlib
 
-    dtype = getattr(model, AUTOCAST_ATTR, None)
+    dtype = model_autocast(model)
     if dtype is None:
         return contextlib.nullcontext()
     device = next(model.parameters()).device

@@ -200,9 +200,9 @@ class _DecodeLayer(DynamicLayer):
 
 def _kv_cache(model: torch.nn.Module) -> DynamicCache:
     """An empty KV cache for decoding `model` (`_DecodeLayer`s, in its autocast dtype if any)."""
-    from mem1_core.models.model import AUTOCAST_ATTR, DTYPES
+    from mem1_core.models.model import DTYPES, model_autocast
 
-    dtype = getattr(model, AUTOCAST_ATTR, None)
+    dtype = model_autocast(model)
     cache = DynamicCache()
     cache.layer_class_to_replicate = partial(_DecodeLayer, DTYPES[dtype] if dtype else None)
     return cache
