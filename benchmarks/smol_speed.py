@@ -25,7 +25,9 @@ PPO (`--ppo-tasks`, the profile's settings, in process from the untrained model 
 `--ppo-estimators` (by default GAE with the full critic, GAE with a critic of the policy's
 first 8 layers (the profile's), and REINFORCE++ without one); `--ppo-only` times only these.
 
-Prints one JSON line per measurement and a summary line.
+Prints one JSON line per measurement and a summary line; the first line names the CPU (model
+and the flags that decide a dtype's speed) and what `model.autocast: auto` picks on it, since
+bf16 is 2.5x float32 on one CPU and 1/200 on another (mem1_core.models.compute).
 """
 
 from __future__ import annotations
@@ -265,8 +267,15 @@ def main() -> None:
     )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    from mem1_core.models.compute import bf16_check, cpu_info
+
+    # every figure below is this CPU's: name it, and what `model.autocast: auto` picks on it
+    check = bf16_check()
+    machine = {"cpu": cpu_info().describe(), "auto": "bfloat16" if check.native else "float32",
+               "bf16_probe_speedup": round(check.speedup, 3)}  # fmt: skip
+    emit({"machine": machine})
     if args.ppo_only:
-        emit({"summary": {"threads": args.threads, "ppo": ppo_iterations(args)}})
+        emit({"summary": {"threads": args.threads, **machine, "ppo": ppo_iterations(args)}})
         return
 
     from mem1_core.config import ModelConfig
@@ -276,7 +285,7 @@ def main() -> None:
     model = load_model(SMOL, ModelConfig(name_or_path=SMOL), tok)
     bf16 = torch.autocast("cpu", dtype=torch.bfloat16)
     none = contextlib.nullcontext()
-    summary: dict = {"threads": args.threads, "batch": args.batch}
+    summary: dict = {"threads": args.threads, "batch": args.batch, **machine}
     summary["matmul_peak_gflops_fp32"] = round(matmul_peak(torch.float32), 1)
     summary["matmul_peak_gflops_bf16"] = round(matmul_peak(torch.bfloat16), 1)
     emit({k: summary[k] for k in summary if k.startswith("matmul")})
