@@ -3,6 +3,7 @@ are (web_agent_site/engine/goal.py), files that round-trip and fail by name."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 
@@ -120,3 +121,19 @@ def test_goal_on_a_missing_product_is_refused(shop):
         Shop((p, p), ())
     with pytest.raises(ShopFormatError, match="missing field 'title'"):
         Product.from_dict({k: v for k, v in p.to_dict().items() if k != "title"})
+
+
+def test_the_reward_tells_every_option_and_attribute_apart():
+    # A wrong click or a product lacking an attribute must cost the match: no two values of
+    # an option group match under WebShop's option matcher (colour-normalised, token set
+    # score > 85), and no two attributes of a type match or contain one another.
+    from mem1_core.webshop.reward import fuzzy_match, normalize_color
+
+    for group, values in vocab.OPTION_VALUES.items():
+        for a, b in itertools.combinations(values, 2):
+            assert not fuzzy_match(normalize_color(a), normalize_color(b)), (group, a, b)
+    for kinds in vocab.CATEGORIES.values():
+        for kind in kinds:
+            assert len({vocab.group_name(k) for k in kind.options}) == len(kind.options)
+            for a, b in itertools.permutations(kind.attributes, 2):
+                assert not fuzzy_match(a, b) and a not in b, (kind.name, a, b)
