@@ -18,7 +18,8 @@ Goals: human goals (one per human instruction with attributes) when the human fi
 given, else synthetic goals (one per combination of the product's option values, the
 instruction followed by " with group: value, and ..."), as goal.py builds them; both get
 goal.py's price bound. A product's price is the loader's: $100 without pricing, the price,
-or a uniform draw within a range.
+or a uniform draw within a range. A product's type is its `query` (lowercased and stripped,
+as the loader does), the search that found it in WebShop's scrape.
 
 Where it departs from WebShop: draws (prices, bounds) come from `seed`, where WebShop's
 are unseeded; a product without attributes gets none, where WebShop gives it the
