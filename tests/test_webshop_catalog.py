@@ -137,3 +137,25 @@ def test_the_reward_tells_every_option_and_attribute_apart():
             assert len({vocab.group_name(k) for k in kind.options}) == len(kind.options)
             for a, b in itertools.permutations(kind.attributes, 2):
                 assert not fuzzy_match(a, b) and a not in b, (kind.name, a, b)
+
+
+def test_cli_writes_the_embedded_shop(tmp_path, capsys):
+    from mem1_core.cli.main import main
+
+    out = tmp_path / "shop"
+    assert (
+        main(["data", "shop", "--seed", "3", "--products", "70", "--goals", "5", "--out", str(out)])
+        == 0
+    )
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["products"], summary["goals"]) == (70, 5)
+    assert Shop.load(out).goals == generate_shop(3, 70, 5).goals
+    # A save that dies midway (here: goals.jsonl cannot be replaced, a directory stands in
+    # its place) leaves no manifest, so the directory no longer reads as a complete shop.
+    (out / "goals.jsonl").unlink()
+    (out / "goals.jsonl").mkdir()
+    with pytest.raises(OSError):
+        generate_shop(4, 70, 5).save(out)
+    with pytest.raises(FileNotFoundError, match="did not finish"):
+        Shop.load(out)
+    assert main(["data", "shop", "--products", "0", "--out", str(out)]) == 2

@@ -228,8 +228,11 @@ class Shop:
         return self.product(goal.asin)
 
     def save(self, out_dir: str | Path) -> Path:
-        """Write the three files into `out_dir` atomically, the manifest last."""
+        """Write the three files into `out_dir` atomically, the manifest last (an older
+        manifest goes first, so a save that dies midway leaves no directory that reads as
+        complete)."""
         out = Path(out_dir)
+        (out / MANIFEST_FILE).unlink(missing_ok=True)
         atomic.write_text(_jsonl(p.to_dict() for p in self.products), out / PRODUCTS_FILE)
         atomic.write_text(_jsonl(g.to_dict() for g in self.goals), out / GOALS_FILE)
         manifest = {

@@ -1,6 +1,7 @@
 """`mem1 world`, `mem1 compose`, `mem1 export-corpus`: the data stages; `mem1 data paper`: the
-`paper` profile's corpus index, tasks and config file from downloaded files; `mem1 data
-webshop`: WebShop's released product and instruction files as a shop directory."""
+`paper` profile's corpus index, tasks and config file from downloaded files; `mem1 data shop`:
+the embedded shop of a seed; `mem1 data webshop`: WebShop's released product and instruction
+files as a shop directory."""
 
 from __future__ import annotations
 
@@ -176,6 +177,19 @@ def register_data(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_data_paper)
 
     p = verbs.add_parser(
+        "shop",
+        help="generate the embedded shop (products + goals) for the webshop domain",
+        description="Write the embedded shop of a seed: products over five categories and "
+        "goals built as WebShop's synthetic goals (docs/data.md, 'The shop'). A held-out shop "
+        "is another seed.",
+    )
+    p.add_argument("--seed", type=int, default=0, help="shop seed")
+    p.add_argument("--products", type=int, default=5000, help="number of products")
+    p.add_argument("--goals", type=int, default=1000, help="number of goals")
+    p.add_argument("--out", required=True, help="output shop directory")
+    p.set_defaults(func=cmd_data_shop)
+
+    p = verbs.add_parser(
         "webshop",
         help="WebShop's items and instruction files -> a shop directory (products + goals)",
         description="Convert WebShop's released files into the shop format the webshop "
@@ -232,6 +246,23 @@ def cmd_data_paper(args: argparse.Namespace) -> int:
         overrides=args.overrides,
         rebuild_index=args.rebuild_index,
     )
+    print(json.dumps(summary))
+    return 0
+
+
+def cmd_data_shop(args: argparse.Namespace) -> int:
+    from mem1_core.webshop.catalog import generate_shop
+
+    t0 = time.perf_counter()
+    shop = generate_shop(args.seed, args.products, args.goals)
+    shop.save(args.out)
+    summary = {
+        "out": args.out,
+        "seed": args.seed,
+        "products": len(shop.products),
+        "goals": len(shop.goals),
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
     print(json.dumps(summary))
     return 0
 
