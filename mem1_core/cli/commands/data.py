@@ -1,5 +1,7 @@
 """`mem1 world`, `mem1 compose`, `mem1 export-corpus`: the data stages; `mem1 data paper`: the
-`paper` profile's corpus index, tasks and config file from downloaded files."""
+`paper` profile's corpus index, tasks and config file from downloaded files; `mem1 data shop`:
+the embedded shop of a seed; `mem1 data webshop`: WebShop's released product and instruction
+files as a shop directory."""
 
 from __future__ import annotations
 
@@ -174,6 +176,49 @@ def register_data(sub: argparse._SubParsersAction) -> None:
     add_set_arg(p, "a config field for the tasks and the config file (data.max_train_tasks=1000)")
     p.set_defaults(func=cmd_data_paper)
 
+    p = verbs.add_parser(
+        "shop",
+        help="generate the embedded shop (products + goals) for the webshop domain",
+        description="Write the embedded shop of a seed: products over five categories and "
+        "goals built as WebShop's synthetic goals (docs/data.md, 'The shop'). A held-out shop "
+        "is another seed.",
+    )
+    p.add_argument("--seed", type=int, default=0, help="shop seed")
+    p.add_argument("--products", type=int, default=5000, help="number of products")
+    p.add_argument("--goals", type=int, default=1000, help="number of goals")
+    p.add_argument("--out", required=True, help="output shop directory")
+    p.set_defaults(func=cmd_data_shop)
+
+    p = verbs.add_parser(
+        "webshop",
+        help="WebShop's items and instruction files -> a shop directory (products + goals)",
+        description="Convert WebShop's released files into the shop format the webshop "
+        "environment reads (products.jsonl, goals.jsonl, manifest.json; docs/data.md, 'The "
+        "shop'). Goals are human goals where --human-instructions is given, else synthetic "
+        "goals from --instructions, as WebShop builds them.",
+    )
+    p.add_argument("--items", required=True, help="items_shuffle.json (or items_shuffle_1000.json)")
+    p.add_argument(
+        "--instructions",
+        default=None,
+        help="items_ins_v2.json: the products' attributes and the synthetic instructions",
+    )
+    p.add_argument(
+        "--human-instructions", default=None, help="items_human_ins.json: the human instructions"
+    )
+    p.add_argument(
+        "--goals",
+        choices=["human", "synthetic"],
+        default=None,
+        help="which goals (default: human with --human-instructions, else synthetic)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the price and bound draws")
+    p.add_argument(
+        "--max-products", type=int, default=None, help="keep the first N items (WebShop's subsets)"
+    )
+    p.add_argument("--out", required=True, help="output shop directory")
+    p.set_defaults(func=cmd_data_webshop)
+
 
 def cmd_data_paper(args: argparse.Namespace) -> int:
     from mem1_core.config import load_config
@@ -202,4 +247,51 @@ def cmd_data_paper(args: argparse.Namespace) -> int:
         rebuild_index=args.rebuild_index,
     )
     print(json.dumps(summary))
+    return 0
+
+
+def cmd_data_shop(args: argparse.Namespace) -> int:
+    from mem1_core.webshop.catalog import generate_shop
+
+    t0 = time.perf_counter()
+    shop = generate_shop(args.seed, args.products, args.goals)
+    shop.save(args.out)
+    summary = {
+        "out": args.out,
+        "seed": args.seed,
+        "products": len(shop.products),
+        "goals": len(shop.goals),
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+    print(json.dumps(summary))
+    return 0
+
+
+def cmd_data_webshop(args: argparse.Namespace) -> int:
+    from mem1_core.webshop.convert import convert_webshop
+
+    t0 = time.perf_counter()
+    shop, report = convert_webshop(
+        args.items,
+        args.instructions,
+        args.human_instructions,
+        goals=args.goals,
+        seed=args.seed,
+        max_products=args.max_products,
+    )
+    shop.save(args.out)
+    summary = {
+        "out": args.out,
+        "products": report.products,
+        "goals": report.goals,
+        "goal_kind": report.goal_kind,
+        "skipped": report.skipped,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+    print(json.dumps(summary))
+    if report.goals == 0:
+        print(
+            "note: no goals: give --human-instructions or --instructions for goals",
+            file=sys.stderr,
+        )
     return 0
