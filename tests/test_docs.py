@@ -159,22 +159,29 @@ def experiment_keys() -> tuple[set[str], set[str]] | None:
 
 
 def named_fields(code: str, sections: set[str]) -> list[tuple[str, str, str | None]]:
-    """(section, field, subfield) for each `section.field[.sub]` in a code snippet; a file name
-    (`data.md`) or an attribute chain (`cfg.model.seed`) is not one."""
+    """(section, field, subfield) for each config `section.field` and experiment
+    `experiment.key[.sub]` in a code snippet; a file name (`data.md`), an attribute chain
+    (`cfg.model.seed`) or a module path (`trajectory.logprobs.logprob_tolerance(…)`) is not one."""
     names = "|".join(sorted(sections | {"experiment"}))
-    pattern = rf"(?<![\w./$-])({names})\.([a-z_][a-z0-9_-]*)(?:\.([a-z_][a-z0-9_-]*))?(?![\w(/])"
+    pattern = (
+        rf"(?<![\w./$-])({names})\.([a-z_][a-z0-9_-]*)(?:\.([a-z_][a-z0-9_-]*))?(?![\w(/]|\.\w)"
+    )
     found = []
     for m in re.finditer(pattern, code):
         if (m.group(3) or m.group(2)) in FILE_EXTENSIONS:
             continue
+        if m.group(3) and m.group(1) != "experiment":
+            continue  # three parts: a module path; a config field has two
         found.append((m.group(1), m.group(2), m.group(3)))
     return found
 
 
 def test_named_fields_reads_fields_not_files_or_attributes():
-    sections = {"model", "data", "ppo"}
-    got = named_fields("--set ppo.iterations=8 data.md cfg.model.seed model.seed", sections)
-    assert got == [("ppo", "iterations", None), ("model", "seed", None)]
+    sections = {"model", "data", "ppo", "trajectory"}
+    code = "--set ppo.iterations=8 data.md cfg.model.seed trajectory.logprobs.tol(1) model.seed"
+    assert named_fields(code, sections) == [("ppo", "iterations", None), ("model", "seed", None)]
+    got = named_fields("--set experiment.eval.worlds=[7] experiment.ray", sections)
+    assert got == [("experiment", "eval", "worlds"), ("experiment", "ray", None)]
 
 
 def test_every_config_field_the_docs_name_exists():
