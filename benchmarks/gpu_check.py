@@ -1,4 +1,4 @@
-"""The GPU check of issue #7: one prepared script for a machine with a GPU; JSON lines out.
+"""The GPU check: one prepared script for a machine with a GPU; JSON lines out.
 
     python benchmarks/gpu_check.py --out runs/gpu_check                   # CUDA, ~6 min, one H200
     python benchmarks/gpu_check.py --device cpu --quick --out /tmp/gpu_check   # CPU, ~1-2 min
@@ -10,7 +10,7 @@ that raises prints its error and the others still run:
 - exactness: the tree contract with FlexAttention against the definition, in fp32 and bf16.
 - train_step: one training step over the flattened tree vs re-running every turn: time, memory.
 - ppo: a few PPO iterations through the trainer: rollout and training tokens/s.
-- text_stops: tags as text (issue 15): stop strings end a turn at its closing tag (HF, vLLM).
+- text_stops: tags as text under a pretrained tokenizer: stop strings end a turn at its closing tag (HF, vLLM).
 - vllm: greedy agreement of vLLM and Hugging Face generation, before and after a weight sync.
 - vllm_deployment: the deployment's vLLM rollouts driven from the Prefect venv (CUDA only).
 

@@ -1,4 +1,4 @@
-"""Overlapped rollouts against the synchronous loop (issue 17, `ppo.overlap_rollouts`): the
+"""Overlapped rollouts against the synchronous loop (`ppo.overlap_rollouts`): the
 same PPO run twice on Ray, one after the other, from the same start (the profile's base,
 `data/base` under `tiny`) with the same budget of iterations and the same rollout IS
 correction; prints one JSON line per arm (seconds per iteration: wall, the rollout's own

@@ -1,5 +1,5 @@
-"""Does recall pay? `mem1+recall` against plain MEM1 on the embedded world with forgetting on
-(issue 17), one JSON line per measurement.
+"""Does recall pay? `mem1+recall` against plain MEM1 on a generated world with forgetting on,
+one JSON line per measurement.
 
     python benchmarks/recall.py teacher --out runs/recall          # (a) the scripted teacher
     python benchmarks/recall.py sft --memory mem1 --out runs/recall --steps 50     # (b) SFT

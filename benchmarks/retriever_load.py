@@ -1,4 +1,4 @@
-"""Load and bad input on the retrieval server, over loopback (issue 18).
+"""Load and bad input on the retrieval server, over loopback: does a training run ride out a busy or restarting server?
 
     .venv/bin/python benchmarks/retriever_load.py [--seconds 60] [--clients 32]
         [--index DIR | --url URL [--pid PID]]

@@ -1,4 +1,4 @@
-"""One smoke training run per RL-toolbox option (issue 17): `mem1 train ppo|grpo --profile
+"""One smoke training run per RL-toolbox option: `mem1 train ppo|grpo --profile
 smoke --no-ray` for one iteration with the option `--set`, one run at a time; prints a table
 of what each run logged for its option and its wall time.
 

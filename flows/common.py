@@ -21,7 +21,7 @@ def build_config(
     config: dict[str, Any] | None = None,
     memory: str | None = None,
 ) -> Config:
-    """A stage's config: `config`, the resolved values the parent flow built once (issue 29:
+    """A stage's config: `config`, the resolved values the parent flow built once (so
     the profile, file and overrides are then its record, not rebuilt); else built from the
     profile, the file and the overrides, as a stage flow run on its own does. `memory` sets
     rollout.memory as the config is built (the PPO stage trains both memories)."""

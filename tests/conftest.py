@@ -70,7 +70,7 @@ def small_tasks(small_world):
     return tasks_from_table(table)
 
 
-# ---- a stand-in for a pretrained hub model (issue 15: its tags stay text) ------------------
+# ---- a stand-in for a pretrained hub model (its tags stay text) ---------------------------
 
 
 @pytest.fixture(scope="session")

@@ -121,7 +121,7 @@ def test_keeps_the_last_k_and_ignores_partial_saves(small_tokenizer, tmp_path):
 
 
 def test_only_the_newest_checkpoint_keeps_its_optimiser_state(small_tokenizer, tmp_path, caplog):
-    """Issue 26: AdamW's moments are 2/3 of a checkpoint; the older kept checkpoints drop them
+    """AdamW's moments are 2/3 of a checkpoint; the older kept checkpoints drop them
     and stay intact by their manifests; resuming one restores its weights, moments afresh."""
     policy, critic, opts = _setup(small_tokenizer, 1)
     for k in range(1, 4):
@@ -220,7 +220,7 @@ record is written: argv is the flag file it then creates, then the CLI's argumen
 
 
 OVERLAP = ("--set", "ppo.overlap_rollouts=true", "--set", "ppo.rollout_is=token")
-"""Overlapped rollouts (issue 17): the killed run's rollout in flight is in no file, and the
+"""Overlapped rollouts: the killed run's rollout in flight is in no file, and the
 resumed run redoes it with the checkpoint's weights."""
 
 

@@ -40,7 +40,7 @@ def test_unknown_profile():
         load_config("huge")
 
 
-def test_gpu_training_fields_of_issue_7():
+def test_the_gpu_training_fields_default_off_on_cpu_and_on_for_paper():
     tiny, paper = load_config("tiny"), load_config("paper")
     assert (tiny.model.gradient_checkpointing, tiny.model.seq_bucket_tokens) == (False, 1)
     assert paper.model.attn == "flex_attention" and paper.model.gradient_checkpointing

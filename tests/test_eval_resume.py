@@ -1,5 +1,5 @@
-"""An interrupted objective-scaling evaluation resumes at the cell it stopped in (issue 27:
-an evaluation of SmolLM2 takes ~35 minutes a world, and a session may end inside it). A cell
+"""An interrupted objective-scaling evaluation resumes at the cell it stopped in (an
+evaluation of SmolLM2 takes ~35 minutes a world, and a session may end inside it). A cell
 is reused only when the same agent played the same tasks under the same configuration;
 everything else is played again. Checked against playing every cell afresh."""
 

@@ -1,4 +1,4 @@
-"""Faults a long run meets (issue 18), the ones that fit CI's budget: a checkpoint that went
+"""Faults a long run meets, the ones that fit CI's budget: a checkpoint that went
 bad on disk, a full disk at a write, the retrieval server down for a moment or for good,
 bad input files, and a rollout worker killed mid-rollout. benchmarks/faults/ injects all of
 them (and the Prefect cancellations) into real Ray runs and measures recovery."""

@@ -20,7 +20,7 @@ def test_compose_tasks_flow_writes_every_n(tmp_path):
 
 
 def test_a_stage_given_the_parents_config_builds_nothing_from_the_profile(tmp_path):
-    """Issue 29: the parent flow builds the config once and hands its resolved values on.
+    """The parent flow builds the config once and hands its resolved values on.
     A stage given them uses those values, even where its own profile and overrides would
     build another config (here `tiny`, whose world and caps are far larger)."""
     from flows.common import resolved

@@ -1,4 +1,4 @@
-"""FSDP2 for the learner (mem1_core.training.fsdp, mem1_core.training.fsdp_learner; issue #7), on CPU with two
+"""FSDP2 for the learner (mem1_core.training.fsdp, mem1_core.training.fsdp_learner), on CPU with two
 gloo ranks. The sharding: each rank runs its half of a batch of trees through the sharded
 policy and critic; the summed gradients, the gradient norm, one AdamW step and the full
 state dict equal those of the unsharded models on the whole batch. The learner group (two

@@ -1,5 +1,5 @@
-"""benchmarks/gpu_check.py, the prepared GPU script of issue #7, in its CPU mode: the
-tree's training step equals the per-turn baseline's; text-tag stops (issue 15) end turns where
+"""benchmarks/gpu_check.py, the prepared GPU script, in its CPU mode: the
+tree's training step equals the per-turn baseline's; text-tag stops (tags as text under a pretrained tokenizer) end turns where
 the closing tag is completed; the whole `--device cpu --quick` run (FlexAttention forward
 exactness, the step comparison, PPO iterations, text stops) passes. On a GPU the
 same script runs the CUDA-only parts (flex backward, peak memory, vLLM agreement)."""
@@ -41,7 +41,7 @@ def test_cpu_quick_mode_end_to_end(tmp_path):
     assert step["flat_tokens"] < step["per_turn_tokens"]
     assert by["ppo"]["ok"] and by["ppo"]["iterations"] == 2
     assert by["ppo"]["rollout_tokens_per_s"] > 0 and by["ppo"]["train_tokens_per_s"] > 0
-    # issue 15's text-tag stops, the Hugging Face half (vLLM's row skips without vLLM):
+    # text-tag stops, the Hugging Face half (vLLM's row skips without vLLM):
     # closing tags of 3 tokens, the last carrying `\n` or `.\n`, end the turn there
     hf = by["text_stops"]
     assert hf["ok"] and hf["tag_scheme"] == "text" and not hf["tags_in_vocab"]
@@ -60,7 +60,7 @@ def test_cpu_quick_mode_end_to_end(tmp_path):
 
 
 def test_the_deployment_vllm_section_never_runs_on_a_cpu(tmp_path):
-    """`vllm_deployment` (issue 15) drives PPO from the Prefect venv with vLLM rollout workers
+    """`vllm_deployment` drives PPO from the Prefect venv with vLLM rollout workers
     under .venv-vllm, sized for a GPU: on a CPU it only says it skipped (./dev test-vllm covers
     the CPU path)."""
     from benchmarks.gpu import vllm_deployment

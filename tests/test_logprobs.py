@@ -313,7 +313,7 @@ def test_flex_attention_forward_on_cpu(models) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_flex_attention_forward_and_backward_on_cuda(models, dtype) -> None:
-    # The GPU training path (issue #7): FlexAttention with the tree's BlockMask, forward and
+    # The GPU training path: FlexAttention with the tree's BlockMask, forward and
     # backward, against the dense boolean mask under sdpa. float32: to float tolerance; bf16:
     # flex is no further from the float32 definition than the dense path is, and its
     # gradients agree with the dense path's to bf16 precision. L is bucketed to the block.

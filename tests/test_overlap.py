@@ -1,4 +1,4 @@
-"""Overlapped rollouts (issue 17, `ppo.overlap_rollouts`). Off, `train_rl` is the synchronous
+"""Overlapped rollouts (`ppo.overlap_rollouts`). Off, `train_rl` is the synchronous
 loop: the same metrics, to the bit, as that loop written out with the Runtime. On, it is the
 overlapped schedule written out the same way (iteration k+1 rolled out before update k), each
 iteration after the first samples with the weights of the checkpoint one update before the

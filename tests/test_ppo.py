@@ -218,7 +218,7 @@ def test_update_with_zero_lr_changes_nothing(policy, trajs, small_tokenizer):
         assert torch.equal(a, b)
 
 
-# Options of issue 17 whose losses must stay exact under micro-batching: every mode divides
+# RL-toolbox options whose losses must stay exact under micro-batching: every mode divides
 # by the whole minibatch's counts, GSPO's sequence mean needs whole rows in a micro-batch.
 EXACT_OPTIONS = {
     "token-mean": {},
@@ -400,7 +400,7 @@ def _grads(models: Models) -> list[torch.Tensor]:
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(policy, trajs, small_tokenizer):
-    # Issue #7: activation checkpointing recomputes each layer in backward; the PPO
+    # Activation checkpointing (the GPU path) recomputes each layer in backward; the PPO
     # gradient (policy and critic) must not change. It must also really be on: the MLP of a
     # checkpointed layer runs twice per micro-batch (forward, then the recompute).
     from mem1_core.models.model import enable_gradient_checkpointing, is_checkpointing
@@ -447,7 +447,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(policy, trajs, small_to
 
 
 def test_sequence_bucketing_changes_no_logprob_value_or_gradient(policy, trajs, small_tokenizer):
-    # Issue #7: padding L to a multiple of seq_bucket (so a compiled FlexAttention sees few
+    # Padding L to a multiple of seq_bucket (so a compiled FlexAttention sees few
     # lengths) is invisible: padding is its own tree node that no real token attends to.
     models = fresh(policy)
     pad = small_tokenizer.pad_token_id
@@ -479,7 +479,7 @@ def test_sequence_bucketing_changes_no_logprob_value_or_gradient(policy, trajs, 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_flex_learner_on_cuda_equals_the_dense_cpu_learner(trajs, small_tokenizer):
-    # The learner's GPU path (issue #7): FlexAttention (BlockMask), activation checkpointing
+    # The learner's GPU path: FlexAttention (BlockMask), activation checkpointing
     # and sequence buckets on CUDA give the old log-probs, values and PPO gradients of the
     # CPU reference path (sdpa, no checkpointing, no buckets), in float32.
     from mem1_core.models.model import enable_gradient_checkpointing
@@ -517,7 +517,7 @@ def test_flex_learner_on_cuda_equals_the_dense_cpu_learner(trajs, small_tokenize
         torch.testing.assert_close(b.cpu(), a, atol=1e-4, rtol=1e-3)
 
 
-# ------------------------------------------------ issue 17's options, through the config
+# ------------------------------------------- the RL-toolbox options, through the config
 
 # The test's PPO settings as `--set` overrides on the smoke profile, so each option below
 # reaches the update as a user's `--set` does (config -> Learner.update -> update).

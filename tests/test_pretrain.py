@@ -166,7 +166,7 @@ def test_held_out_series_is_each_n_in_step_order_with_its_standard_error():
 
 
 def test_pretraining_stops_at_its_minute_cap_with_a_warning_and_says_so(tmp_path, caplog):
-    """pretrain.minutes is a cap (issue 28): a run slower than planned stops there, warns,
+    """pretrain.minutes is a cap: a run slower than planned stops there, warns,
     and records `stopped_by: minutes`."""
     from mem1_core.config import load_config
     from mem1_core.training.pretrain import pretrain

@@ -1,4 +1,4 @@
-"""Real QA data end to end (issue 15, part 3): the stage functions of the flows on small
+"""Real QA data end to end: the stage functions of the flows on small
 files in the public row formats, with a hub-style model, tokenizer and encoder loaded from
 local directories, as on a cluster without hub access (docs/paper-profile.md).
 

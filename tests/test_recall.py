@@ -1,4 +1,4 @@
-"""`mem1+recall` (issue 17): BM25 over the trajectory's own pruned `<info>` blocks, answered
+"""`mem1+recall`: BM25 over the trajectory's own pruned `<info>` blocks, answered
 for a `<query> recall: …</query>`, through the real loop, environment, BM25 index and a real
 tiny model.
 

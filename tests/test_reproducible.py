@@ -1,4 +1,4 @@
-"""Same seed, same machine, same command: the same results (issue 28). Every training stage
+"""Same seed, same machine, same command: the same results. Every training stage
 stops on its count and nothing it computes reads the clock, so two runs of the smoke
 pipeline's stages write the same evaluation table and the same training curves, to the bit,
 but for what measures the clock itself (`seconds_per_task`, the paper's inference time; an

@@ -1,4 +1,4 @@
-"""Issue 17's options through a real training run (smoke profile, in-process workers): a
+"""The RL-toolbox options through a real training run (smoke profile, in-process workers): a
 run that combines them trains, logs what they did, and, killed after its first
 checkpoint and resumed, continues with the KL coefficient the adaptive controller had
 reached (it is checkpointed, not restarted from ppo.kl_coef)."""

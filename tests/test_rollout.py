@@ -110,7 +110,7 @@ def test_contexts_are_rebuilt_from_ids_per_policy(rollouts):
     if m.turns[1].action is not Action.INVALID:
         assert kinds == [SegmentKind.PROMPT, SegmentKind.GEN, SegmentKind.INFO]
         assert m.turns[2].context[1].turn == 1
-    else:  # after an invalid turn MEM1 carries at most a closed <IS> … </IS> (issue 26)
+    else:  # after an invalid turn MEM1 carries at most a closed <IS> … </IS>, not the whole invalid turn
         assert kinds[0] is SegmentKind.PROMPT and kinds[-1] is SegmentKind.INFO
         assert m.turns[2].context[-1].turn == 1 and len(kinds) <= 3
         assert all(

@@ -1,4 +1,4 @@
-"""Rollout workers under the vLLM venv's Python (issue 15): which interpreter is chosen, the
+"""Rollout workers under the vLLM venv's Python: which interpreter is chosen, the
 version check against the driver (with fake interpreters that report other versions), the
 worker options that carry the runtime env, and (marked `vllm`, run by `./dev test-vllm`) a smoke
 PPO iteration driven from the Prefect venv whose rollout workers generate with vLLM under

@@ -446,7 +446,7 @@ def test_learning_rate_schedule():
 
 def test_a_repeated_n_weights_the_warm_start_data(tmp_path, monkeypatch, capsys):
     """`sft.warm_start_objectives=[1,1,2]`: the teacher's N=1 trajectories are two thirds of the
-    warm start's data (issue 27's format-first start, `[1,1,1,2]`), counted in what it trained
+    warm start's data (the format-first start is `[1,1,1,2]`), counted in what it trained
     on, and an N given once is an even split."""
     import json
 

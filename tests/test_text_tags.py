@@ -1,4 +1,4 @@
-"""Tags as text under a pretrained tokenizer (issue 15, part 1; docs/design.md §8).
+"""Tags as text under a pretrained tokenizer (docs/design.md §8).
 
 A stand-in for a hub model, built in tests/conftest.py: a byte-level BPE with Qwen2.5's
 pre-tokenizer trained on the world's text (the tags are not tokens of it) and a
@@ -188,7 +188,7 @@ def _first_prefix(tok, ids, pred) -> int:
     [
         *MALFORMED_TURNS,
         ("<IS> a </IS><query> x </query>.\nmore", "tags out of order"),
-        ("noise <IS> s </IS><query>Kalo</query>\n", "text outside the tags"),  # issue 26
+        ("noise <IS> s </IS><query>Kalo</query>\n", "text outside the tags"),  # a preamble
         ("<IS> s </IS> so <query>Kalo</query>", "text outside the tags"),
         ("<IS> s </IS><info>made up</info><query>Kalo</query>", "wrote an <info>"),
     ],

@@ -336,7 +336,7 @@ TEXT_STOPS_SCRIPT = textwrap.dedent(
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_text_tags_stop_on_strings_with_the_stop_text_kept(vllm, hub_reciter, hub_dir, tmp_path):
-    """Tags as text (issue 15): the engine loads the hub stand-in's tokenizer and stops on
+    """Tags as text under a pretrained tokenizer: the engine loads the hub stand-in's tokenizer and stops on
     `</query>` / `</answer>` with the stop text kept; the ids end with the token that completes
     the tag (which carries `\\n` or `.\\n` on) exactly where Hugging Face generation stops.
     Own process: a second engine beside the module's."""

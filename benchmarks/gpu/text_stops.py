@@ -1,4 +1,4 @@
-"""text_stops: tags as text (issue 15). A byte-level BPE with Qwen2.5's pre-tokenizer trained
+"""text_stops: tags as text under a pretrained tokenizer. A byte-level BPE with Qwen2.5's pre-tokenizer trained
 on a smoke world (the tags are not tokens of it) and a Qwen2 model from config taught to
 recite two turns past their closing tag (` </query>\n`, `</answer>.\n`: 3 tokens each, the
 last carrying more characters). Hugging Face generation with stop strings must end each at

@@ -1,4 +1,4 @@
-"""vllm_deployment: the deployment's vLLM rollouts (issue 15). PPO iterations of the `ppo`
+"""vllm_deployment: the deployment's vLLM rollouts. PPO iterations of the `ppo`
 section's model with `rollout.backend=vllm`, driven, as the `mem1/train-eval` flows drive
 them, from the Prefect venv's Python (no vLLM there: `--prefect-python`, default
 $MEM1_VENV or ./.venv; benchmarks.gpu.deployment_driver) with the rollout worker a Ray actor

@@ -20,7 +20,7 @@ class Section:
 
 @dataclass(frozen=True)
 class WorldConfig(Section):
-    """The procedurally generated encyclopedia (mem1_core.data.world)."""
+    """The generated world: a procedurally generated encyclopedia (mem1_core.data.world)."""
 
     seed: int = 0
     """Seed for names, relations, phrasing and the split."""

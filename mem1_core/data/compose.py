@@ -104,7 +104,7 @@ def compose(
                 [src_rows[i : i + n_objectives] for i in range(0, full, n_objectives)]
             )
         # Tasks of the sources in turn, so that `max_tasks` keeps the mix: source after source,
-        # the paper profile's 128 test tasks per N were all HotpotQA's (issue 15).
+        # without it the paper profile's 128 test tasks per N were all HotpotQA's.
         groups = [g for turn in itertools.zip_longest(*per_source) for g in turn if g is not None]
     else:
         rng.shuffle(rows)

@@ -1,6 +1,6 @@
 """Question-answering datasets, normalised to one schema.
 
-Sources: the embedded world (`mem1_core.data.world`), HotpotQA (hub `hotpotqa/hotpot_qa`,
+Sources: the generated world (`mem1_core.data.world`), HotpotQA (hub `hotpotqa/hotpot_qa`,
 distractor / fullwiki, or local JSON / JSON Lines / Parquet in its row format: the original
 files' `_id`, `[[title, sent_id], ...]` / `[[title, [sentences]], ...]` or the hub's
 `id` and `{"title": [...], ...}` columns) and Natural Questions (FlashRAG rows

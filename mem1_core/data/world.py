@@ -1,4 +1,4 @@
-"""The embedded task world: a procedurally generated encyclopedia and its multi-hop questions.
+"""The generated world: a procedurally generated encyclopedia and its multi-hop questions.
 
 Everything is invented from a seed (names from a small syllable inventory, years, relations),
 so no real-world knowledge helps: an answer can only be found by retrieval. The world has

@@ -1,4 +1,4 @@
-"""The embedded world's vocabulary and entity types: the word lists (`data/world/words.yaml`),
+"""The generated world's vocabulary and entity types: the word lists (`data/world/words.yaml`),
 entity kinds, entities, questions, and the invented-name generator."""
 
 from __future__ import annotations

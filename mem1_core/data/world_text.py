@@ -1,4 +1,4 @@
-"""The embedded world's text: one encyclopedia document per entity, in varied sentence
+"""The generated world's text: one encyclopedia document per entity, in varied sentence
 templates, and the single-hop, bridge and comparison questions with their plans (the lookups
 a perfect agent makes, which the scripted teacher follows)."""
 

@@ -87,7 +87,7 @@ def _chain(*iterables: Iterable[str]) -> Iterable[str]:
 
 def load_tokenizer(name_or_path: str | Path) -> PreTrainedTokenizerFast:
     """A saved tiny tokenizer or any hub tokenizer, with no tokens added: a hub tokenizer's
-    tags stay text (issue 15: added tags land on Qwen2.5's never-trained embedding rows).
+    tags stay text (added tags would land on Qwen2.5's never-trained embedding rows).
 
     A tiny tokenizer saved next to a Qwen2 model (a policy directory) must not go through
     AutoTokenizer: it picks the class from the model's config (Qwen2Tokenizer), which

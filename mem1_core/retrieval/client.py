@@ -11,7 +11,7 @@ server's order stands), and a server that sends more than `k` passages is cut to
 Connection failures, timeouts and 5xx answers are retried with exponential backoff (capped
 at `max_backoff_s`): at least `retries` more times, and for as long as the outage has lasted
 less than `outage_s` seconds, so a training run rides out a retrieval server that restarts
-(retrieval.outage_seconds; issue 18). A 4xx answer is the caller's fault and raises at once.
+(retrieval.outage_seconds). A 4xx answer is the caller's fault and raises at once.
 When the server stays unreachable the error says so and how to start one.
 """
 

@@ -6,8 +6,8 @@ One signature, four policies over the same rollout, trainer and evaluation (docs
 - `full`: the prompt and every earlier turn and info block (the ReAct / Search-R1 baseline).
 - `truncate`: the prompt + the last k turns with their info blocks.
 - `mem1+recall`: MEM1's context, and a query written `recall: …` is answered from the
-  trajectory's own pruned `<info>` blocks instead of the retriever (mem1_core.rollout.recall,
-  issue 17). Its contexts are MEM1's; the difference is in the environment step.
+  trajectory's own pruned `<info>` blocks instead of the retriever (mem1_core.rollout.recall).
+  Its contexts are MEM1's; the difference is in the environment step.
 
 MEM1 carries an exact slice of the last turn's generated ids, from its `<IS>` tag to the end
 of the turn. Where `<IS>` starts is the tag codec's answer (`opts["state_start"]`,
@@ -17,7 +17,7 @@ whatever that token carries before.
 After an invalid turn MEM1 keeps only a memory, never the malformed action: that turn's
 closed `<IS> … </IS>` if it wrote one (`opts["state_span"]`), else the state the agent last
 wrote closed (an earlier turn's, re-read), else nothing; then the turn's `<info>`, which
-carries the format hint. Carrying the whole invalid turn (as before issue 26) let a
+carries the format hint. Carrying the whole invalid turn (an earlier rule) let a
 pretrained model's 100-token ramble, or a parroted hint, fill the next context, and the model
 then continued it. The full-context and truncate agents keep invalid turns whole: their
 context is the history as it happened.

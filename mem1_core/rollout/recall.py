@@ -1,4 +1,4 @@
-"""Recall: a retrieval backstop for pruned memory (issue 17, the `mem1+recall` memory).
+"""Recall: a retrieval backstop for pruned memory (the `mem1+recall` memory, an extension beyond the paper).
 
 Under MEM1 every `<info>` block older than the last turn is pruned; the agent's `<IS>` is its
 only memory, so a fact it failed to fold in is gone. Under `mem1+recall` each pruned block

@@ -19,7 +19,7 @@ so a checkpoint that exists is complete, whatever moment a SIGKILL chose. Only t
 are stored as tensors and plain Python values, not as pickled NumPy objects.
 
 A complete checkpoint can still go bad afterwards: a disk that truncates or flips bits, a
-copy cut short. The manifest's checksums catch that (issue 18): `load_checkpoint` refuses a
+copy cut short. The manifest's checksums catch that: `load_checkpoint` refuses a
 checkpoint whose files do not match, and a resume takes the newest checkpoint that does
 (`latest_intact_checkpoint`), moving bad ones aside to `iter_K.corrupt` with a warning
 that names the file. Checkpoints written before the manifest existed still load, with a

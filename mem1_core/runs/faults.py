@@ -1,4 +1,4 @@
-"""The errors with which a run stops when something it depends on fails (issue 18).
+"""The errors with which a run stops when something it depends on fails.
 
 A training run survives what it can inside the process (a rollout worker that dies is
 restarted and its share of the iteration redone; the HTTP retriever is retried through a

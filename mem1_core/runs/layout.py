@@ -31,7 +31,7 @@ from mem1_core.runs.atomic import write_text
 
 # Checkpoint directory names (their contents: mem1_core.runs.checkpoint). Here, not there, so
 # that finding a run's checkpoints imports no torch: `prefect deploy` and a flow run's start
-# import the flows, which import this module (issue 14: 20 s of imports per deploy).
+# import the flows, which import this module (torch there cost 20 s of imports per deploy).
 PREFIX = "iter_"
 _NAME = re.compile(rf"^{PREFIX}(\d+)$")
 STATE_FILE = "state.json"

@@ -8,7 +8,7 @@ PPO iteration, evaluation cell). Two outlets, each throttled so that neither flo
   stage's flow-run logs (PREFECT_LOGGING_EXTRA_LOGGERS=mem1), a line per interval rather
   than per step.
 The file goes where `MEM1_PROGRESS_FILE` points (the pipeline sets it to the run
-directory's); without it only the logger speaks. A stage ends on its count (issue 28), so
+directory's); without it only the logger speaks. A stage ends on its count, so
 the estimate of what remains comes from the step fraction; a stage's minutes only cap it, and
 when the cap is nearer, the estimate is the time to the cap.
 """

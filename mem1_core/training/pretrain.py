@@ -138,7 +138,7 @@ def pretrain(cfg, out_dir: str | Path, *, resume: bool = False, progress: bool =
     if resume and (ckpt / "optimizer.pt").exists():
         opt.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
     rng = random.Random(f"{cfg.model.seed}:{state['round']}")
-    budget = pcfg.minutes * 60.0  # a cap: pcfg.steps decides (issue 28)
+    budget = pcfg.minutes * 60.0  # a cap: pcfg.steps decides (a slow machine, the same model)
     pool: list[Source] = []
     for r in range(max(0, state["round"] - pcfg.pool_worlds), state["round"]):
         pool.append(build_source(cfg, tok, worlds, pcfg.world_seed + r, pcfg))

@@ -23,7 +23,7 @@ LOCAL_START_ATTEMPTS = 3
 """Tries to start the private local Ray. On a loaded machine its raylet can miss Ray's fixed
 30 s start-up wait (it waits for the dashboard agent's port file and aborts: "The current node
 timed out during startup"): 4 of 6 starts on this 2-core machine, beside other Ray jobs, while
-issue 15 was built. The run then fails before any work; a fresh start gets another chance."""
+the vLLM rollout workers were built. The run then fails before any work; a fresh start gets another chance."""
 
 
 def actor_device(gpus: float) -> torch.device:

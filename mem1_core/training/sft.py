@@ -4,7 +4,7 @@ from). Two uses: the warm start (1-objective teacher trajectories teach the tiny
 format, the starting point of both ablation arms) and the SFT arm of the RL-vs-SFT ablation
 (MEM1 §5.4: SFT on the teacher's 2-objective trajectories).
 
-A stage runs its step count (issue 28): the lr schedule and the held-out evaluations are laid
+A stage runs its step count: the lr schedule and the held-out evaluations are laid
 out over the steps, so a busy machine trains the same model, only later. The minutes are a
 cap for a stage that runs far slower than planned; when the cap ends it first, it says so
 (a warning, and `stopped_by: minutes` in its last curve row and result.json).

@@ -14,7 +14,7 @@ trajectory, evaluation and metrics entries of iterations >= K (written after it,
 that then died), so a run killed at any moment and resumed has every iteration exactly
 once, and the files of iterations before K are never rewritten.
 
-Overlapped rollouts (`ppo.overlap_rollouts`, issue 17; verl's one-step off-policy recipe,
+Overlapped rollouts (`ppo.overlap_rollouts`; verl's one-step off-policy recipe,
 AReaL's asynchronous RL with staleness 1): iteration k+1's rollout is started on the workers
 before iteration k's update, so the two run side by side; iteration k+1 then trains on
 samples of the policy before update k (`rollout_staleness` 1; the first iteration of a run,
@@ -26,11 +26,11 @@ iteration ends: a resumed run redoes that rollout with the checkpoint's weights 
 so it loses or repeats no iteration but is not bit-identical to an unbroken overlapped run
 (the synchronous loop is). A run that its `ppo.minutes` cap ends leaves one rollout unused.
 
-Budget (issue 28): a run makes `ppo.iterations` iterations; nothing it computes reads the
+Budget: a run makes `ppo.iterations` iterations; nothing it computes reads the
 clock. `ppo.minutes` caps a run far slower than planned: it then ends early with a warning,
 and its last metrics row (and the summary) says `stopped_by: minutes` (else `count`).
 
-Faults the loop cannot ride out (issue 18: the learner process lost, the retrieval server
+Faults the loop cannot ride out (the learner process lost, the retrieval server
 down past `retrieval.outage_seconds`, a full disk) stop the run with `RunStopped`, whose
 message names the fault and the checkpoint a `--resume` continues from; a rollout worker
 that dies is restarted inside `Runtime` and its share of the iteration redone.

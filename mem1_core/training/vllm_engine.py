@@ -50,7 +50,7 @@ def choose_backend(cfg: Config, *, use_ray: bool = True) -> str:
     for `auto` vllm where vLLM can be imported, or (with Ray) where a vLLM venv's Python is
     there for the rollout workers (mem1_core.training.rollout_python), else hf. Decided once,
     by the driver, and handed to every worker beside the config (the config itself still
-    says `auto`: it is never rewritten after loading, issue 29)."""
+    says `auto`: it is never rewritten after loading, so a run's record keeps what the user asked for)."""
     if cfg.rollout.backend != "auto":
         return cfg.rollout.backend
     vllm = vllm_importable() or (use_ray and vllm_python(cfg.resources.rollout_python) is not None)
