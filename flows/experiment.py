@@ -120,17 +120,22 @@ def evaluate_world(
     """Every agent × seed on world `world`, greedy, at the experiment's N; resumed at the first
     cell not yet played."""
     from mem1_core.evaluation.stage import run_objective_scaling
-    from mem1_core.experiment.plan import eval_agents, world_dirs
-    from mem1_core.experiment.spec import eval_config, load_experiment
+    from mem1_core.experiment.plan import eval_agents, split_agent, world_dirs
+    from mem1_core.experiment.spec import agent_play_overrides, eval_config, load_experiment
     from mem1_core.runs.host_memory import release_freed_memory
 
     spec = load_experiment(experiment, overrides)
     assets, out = world_dirs(Path(run_dir), world)
     agents = eval_agents(spec, Path(run_dir))
     print(f"world {world}: {[a[0] for a in agents]} at N={list(spec.objectives)}")
+    own = {}  # agents that play under their arm's own rollout settings (a prompt lever)
+    for name, _, _ in agents:
+        agent = split_agent(name, spec.agents)[0]
+        if agent_play_overrides(spec, agent):
+            own[name] = eval_config(spec, world, agent)
     result = run_objective_scaling(
         eval_config(spec, world), assets, out, agents,
-        teacher=spec.teacher, objectives=spec.objectives, progress=False,
+        teacher=spec.teacher, objectives=spec.objectives, progress=False, agent_configs=own,
     )  # fmt: skip
     release_freed_memory(f"evaluation of world {world}")
     return {"out": str(out), "samples": result["samples"]}

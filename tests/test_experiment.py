@@ -33,6 +33,7 @@ from mem1_core.experiment.plan import (
 from mem1_core.experiment.report import claims_markdown, headline_markdown, plot_scaling
 from mem1_core.experiment.spec import (
     ExperimentSpec,
+    agent_play_overrides,
     arm_config,
     base_config,
     eval_config,
@@ -491,6 +492,7 @@ arms:
   mem1-grpo: {trainer: grpo, memory: mem1, seeds: [0]}
   mem1-ppo-long: {trainer: ppo, memory: mem1, set: {ppo.iterations: 5}, seeds: [3]}
   mem1-ppo-upto4: {trainer: ppo, memory: mem1, warm_start: upto4, seeds: [0]}
+  mem1-ppo-keep: {trainer: ppo, memory: mem1, set: {rollout.keep_answers_prompt: true}, seeds: [0]}
   mem1-sft: {trainer: sft, memory: mem1, seeds: [0]}
 eval:
   agents: [warm-start, warm-start-upto4, mem1-ppo, mem1-ppo-long, mem1-ppo-upto4, truncate-ppo]
@@ -518,13 +520,20 @@ def test_an_arm_is_its_trainer_memory_settings_warm_start_and_seeds(tmp_path):
     assert tuple(warm_start_config(spec, "upto4").sft.warm_start_objectives) == (1, 2, 3, 4)
     assert tuple(base_config(spec).sft.warm_start_objectives) == (1, 2)  # the plain one
     assert spec.used_warm_starts() == ["plain", "upto4"]
+    # how an arm plays (its rollout settings: a prompt) follows its agents into the evaluation
+    assert eval_config(spec, 7, "mem1-ppo-keep").rollout.keep_answers_prompt
+    assert eval_config(spec, 7, "mem1-ppo-keep").world.seed == 7
+    assert not eval_config(spec, 7, "mem1-ppo").rollout.keep_answers_prompt
+    assert agent_play_overrides(spec, "mem1-ppo-keep") == ["rollout.keep_answers_prompt=true"]
+    assert agent_play_overrides(spec, "mem1-ppo-upto4") == []  # a warm start's sft.* trains only
     # directories: the paper's arms keep the pipeline's names, a variant has its own
     dirs = {r.label: r.dir.relative_to(tmp_path).as_posix() for r in arm_runs(spec, tmp_path)}
     assert dirs == {
         "mem1-ppo · seed 0": "ppo_mem1/seed0", "mem1-ppo · seed 1": "ppo_mem1/seed1",
         "full-ppo · seed 0": "ppo_full/seed0", "mem1-grpo · seed 0": "grpo_mem1/seed0",
         "mem1-ppo-long · seed 3": "arm_mem1-ppo-long/seed3",
-        "mem1-ppo-upto4 · seed 0": "arm_mem1-ppo-upto4/seed0", "mem1-sft · seed 0": "sft_mem1/seed0",
+        "mem1-ppo-upto4 · seed 0": "arm_mem1-ppo-upto4/seed0",
+        "mem1-ppo-keep · seed 0": "arm_mem1-ppo-keep/seed0", "mem1-sft · seed 0": "sft_mem1/seed0",
     }  # fmt: skip
     assert list(dirs)[-1] == "mem1-sft · seed 0"  # the RL arms first
     for d in [tmp_path / "warm_start", tmp_path / "warm_start_upto4",
