@@ -590,3 +590,29 @@ def test_a_run_refuses_an_arm_declared_otherwise_under_its_name(tmp_path):
     other = load_experiment("smoke", ["experiment.arms.mem1-ppo.set={ppo.actor_lr: 3.0e-5}"])
     with pytest.raises(ValueError, match=r"other settings \(mem1-ppo\)"):
         check_run_dir(tmp_path, other, base_config(other))
+
+
+@pytest.mark.parametrize("name", ["smoke", "smol", "horizon"])
+def test_every_shipped_experiment_loads_and_resolves_its_plan(name, tmp_path):
+    spec = load_experiment(name)
+    cfg = base_config(spec)
+    runs = arm_runs(spec, tmp_path)
+    assert runs and all(arm_config(spec, r.arm, r.seed).model.seed == r.seed for r in runs)
+    assert ExperimentSpec.from_dict(spec.to_dict()) == spec
+    assert {a for a in spec.agents if spec.agent_arm(a)} <= set(spec.arms) | set(spec.plays)
+    assert eval_config(spec, 4242).world.seed == 4242 and cfg.world.seed == 0
+
+
+def test_the_horizon_experiment_keeps_the_papers_setting_and_names_each_lever():
+    spec = load_experiment("horizon")
+    paper = arm_config(spec, "mem1-ppo", 0)
+    assert (paper.data.train_objectives, tuple(paper.sft.warm_start_objectives)) == (2, (1, 2))
+    assert not paper.ppo.curriculum and not paper.rollout.keep_answers_prompt
+    # the claims rest on three seeds each
+    assert all(len(spec.arms[a].seeds) >= 3 for a in ("mem1-ppo", "full-ppo", "mem1-sft"))
+    up = warm_start_config(spec, "upto4")
+    assert tuple(up.sft.warm_start_objectives) == (1, 2, 3, 4)
+    assert arm_config(spec, "mem1-ppo-upto4", 0).data.train_objectives == 2
+    assert tuple(arm_config(spec, "mem1-ppo-curriculum", 0).ppo.curriculum) == (1, 2, 4)
+    assert eval_config(spec, 4242, "mem1-ppo-keep").rollout.keep_answers_prompt
+    assert spec.worlds == (4242,) and spec.objectives == (1, 2, 4, 8, 16)

@@ -149,6 +149,10 @@ class ExperimentSpec:
     above: tuple[Above, ...] = ()
     """The file's own claims: an agent above another at some N (a lever above the paper's
     setting)."""
+    effects: tuple[Above, ...] = ()
+    """Differences the experiment measures and reports (per seed and pooled, ± paired SE)
+    without claiming them: a lever's effect against the paper's setting, on fewer seeds than a
+    claim needs. They are no part of the claims' family (no verdict, no correction)."""
     ray: bool = False
     """Train the PPO arms on Ray actors (a cluster); False: in the flow's own process."""
 
@@ -206,7 +210,7 @@ class ExperimentSpec:
                 f"{where}: agents {bad} are no warm start, arm or eval.plays entry of the "
                 f"experiment (known: {known}); add the arm or drop the agent"
             )
-        for c in self.above:
+        for c in (*self.above, *self.effects):
             missing = [x for x in (c.a, c.b) if x not in self.agents]
             if missing or not c.objectives:
                 raise ValueError(
@@ -264,6 +268,8 @@ class ExperimentSpec:
             "se_bar": self.se_bar, "peak_ratio_bar": self.peak_ratio_bar,
             "roles": dict(self.roles),
             "above": [{"a": c.a, "b": c.b, "objectives": list(c.objectives)} for c in self.above],
+            "effects": [{"a": c.a, "b": c.b, "objectives": list(c.objectives)}
+                        for c in self.effects],
             "ray": self.ray,
         }  # fmt: skip
 
@@ -288,8 +294,8 @@ class ExperimentSpec:
             "arms": arms, "plays": plays,
             "warm_starts": {w: WarmStart(tuple(x.get("set", ())))
                             for w, x in (d.get("warm_starts") or {}).items()},
-            "above": tuple(Above(c["a"], c["b"], tuple(c["objectives"]))
-                           for c in d.get("above", ())),
+            **{k: tuple(Above(c["a"], c["b"], tuple(c["objectives"])) for c in d.get(k, ()))
+               for k in ("above", "effects")},
         })  # fmt: skip
 
 
@@ -330,7 +336,7 @@ def experiment_path(name_or_path: str) -> Path:
 _KEYS = {"profile", "set", "warm_starts", "arms", "eval", "curve", "claims", "ray"}
 _EVAL_KEYS = {"worlds", "objectives", "objectives_per_n", "agents", "plays", "teacher", "set"}
 _ARM_KEYS = {"trainer", "memory", "seeds", "set", "warm_start"}
-_CLAIM_KEYS = {"se", "peak_ratio", "above", *CLAIM_ROLES}
+_CLAIM_KEYS = {"se", "peak_ratio", "above", "effects", *CLAIM_ROLES}
 
 
 def _setting(key: str, value: Any) -> str:
@@ -418,11 +424,14 @@ def load_experiment(name_or_path: str, overrides: list[str] | None = None) -> Ex
         if not isinstance(v, dict) or set(v) != {"arm", "memory"}:
             raise ValueError(f"{path}: eval.plays {p}: write {{arm: ARM, memory: MEMORY}}")
         plays[str(p)] = Play(str(v["arm"]), str(v["memory"]))
-    above = []
-    for c in claims.get("above") or ():
-        if not isinstance(c, dict) or set(c) != {"a", "b", "objectives"}:
-            raise ValueError(f"{path}: claims.above: write {{a: AGENT, b: AGENT, objectives: [N]}}")
-        above.append(Above(str(c["a"]), str(c["b"]), tuple(int(n) for n in c["objectives"])))
+    pairs: dict[str, list[Above]] = {"above": [], "effects": []}
+    for key, out in pairs.items():
+        for c in claims.get(key) or ():
+            if not isinstance(c, dict) or set(c) != {"a", "b", "objectives"}:
+                raise ValueError(
+                    f"{path}: claims.{key}: write {{a: AGENT, b: AGENT, objectives: [N]}}"
+                )
+            out.append(Above(str(c["a"]), str(c["b"]), tuple(int(n) for n in c["objectives"])))
     return ExperimentSpec(
         name=path.stem,
         profile=str(raw["profile"]),
@@ -441,7 +450,8 @@ def load_experiment(name_or_path: str, overrides: list[str] | None = None) -> Ex
         se_bar=float(claims.get("se", 2.0)),
         peak_ratio_bar=float(claims.get("peak_ratio", 0.3)),
         roles={r: str(claims.get(r, a)) for r, a in CLAIM_ROLES.items()},
-        above=tuple(above),
+        above=tuple(pairs["above"]),
+        effects=tuple(pairs["effects"]),
         ray=bool(raw.get("ray", False)),
     )
 
