@@ -62,9 +62,7 @@ def _arm_run_name() -> str:
     from prefect.runtime import flow_run
 
     p = flow_run.parameters or {}
-    from mem1_core.experiment.plan import ArmRun
-
-    return ArmRun(p["arm"], int(p["seed"]), Path(p["run_dir"])).label
+    return f"{p['arm']} · seed {p['seed']}"  # ArmRun.label
 
 
 def _eval_run_name() -> str:
@@ -80,25 +78,25 @@ def _eval_run_name() -> str:
 def train_arm(
     experiment: str, overrides: list[str] | None, run_dir: str, arm: str, seed: int
 ) -> dict[str, Any]:
-    """One arm under one training seed, from the run's warm start; skipped when finished,
-    resumed at its newest checkpoint when started."""
-    from mem1_core.experiment.plan import ArmRun, arm_dir, finished
+    """One arm under one training seed, from its warm start; skipped when finished, resumed at
+    its newest checkpoint when started."""
+    from mem1_core.experiment.plan import arm_run, finished, warm_start_dir
     from mem1_core.experiment.spec import arm_config, load_experiment
     from mem1_core.runs.host_memory import release_freed_memory
-    from mem1_core.runs.layout import WARM_START, RunPaths, resolve_init
+    from mem1_core.runs.layout import RunPaths, resolve_init
 
     spec = load_experiment(experiment, overrides)
     cfg = arm_config(spec, arm, seed)
     root = Path(run_dir)
-    run = ArmRun(arm, seed, arm_dir(root, arm, seed))
+    run = arm_run(spec, root, arm, seed)
     if finished(run, cfg):
         print(f"{run.label}: finished before, reused ({run.dir})")
-        if run.trainer == "sft":
+        if not run.rl:
             return json.loads((run.dir / "result.json").read_text())
         rows = RunPaths(run.dir).read_metrics()
         return {"out": str(run.dir), "iterations": rows[-1]["iteration"] + 1, "metrics": rows[-1]}
-    init = resolve_init(root / WARM_START)
-    if run.trainer == "ppo":
+    init = resolve_init(warm_start_dir(root, spec.arms[arm].warm_start))
+    if run.rl:
         from mem1_core.training.train_rl import train_rl
 
         started = run.dir.exists() and any(run.dir.iterdir())
@@ -122,17 +120,22 @@ def evaluate_world(
     """Every agent × seed on world `world`, greedy, at the experiment's N; resumed at the first
     cell not yet played."""
     from mem1_core.evaluation.stage import run_objective_scaling
-    from mem1_core.experiment.plan import eval_agents, world_dirs
-    from mem1_core.experiment.spec import eval_config, load_experiment
+    from mem1_core.experiment.plan import eval_agents, split_agent, world_dirs
+    from mem1_core.experiment.spec import agent_play_overrides, eval_config, load_experiment
     from mem1_core.runs.host_memory import release_freed_memory
 
     spec = load_experiment(experiment, overrides)
     assets, out = world_dirs(Path(run_dir), world)
     agents = eval_agents(spec, Path(run_dir))
     print(f"world {world}: {[a[0] for a in agents]} at N={list(spec.objectives)}")
+    own = {}  # agents that play under their arm's own rollout settings (a prompt lever)
+    for name, _, _ in agents:
+        agent = split_agent(name, spec.agents)[0]
+        if agent_play_overrides(spec, agent):
+            own[name] = eval_config(spec, world, agent)
     result = run_objective_scaling(
         eval_config(spec, world), assets, out, agents,
-        teacher=spec.teacher, objectives=spec.objectives, progress=False,
+        teacher=spec.teacher, objectives=spec.objectives, progress=False, agent_configs=own,
     )  # fmt: skip
     release_freed_memory(f"evaluation of world {world}")
     return {"out": str(out), "samples": result["samples"]}
@@ -208,8 +211,16 @@ def experiment(
         eval_worlds,
         finished,
         link_reused,
+        warm_start_dir,
+        warm_start_stage,
     )
-    from mem1_core.experiment.spec import arm_config, base_config, load_experiment
+    from mem1_core.experiment.spec import (
+        arm_config,
+        base_config,
+        load_experiment,
+        warm_start_config,
+        warm_start_subdir,
+    )
 
     overrides = list(overrides or [])
     spec = load_experiment(experiment, overrides)  # a bad file fails here, before any work
@@ -232,11 +243,13 @@ def experiment(
     )
     standing = Standing(spec, cfg, run_dir, name)
     standing.update()
-    warm_done = (run_dir / "warm_start" / "result.json").is_file()
-    timed(run_dir, "warm start", warm_start, spec.profile, None, list(spec.overrides),
-          str(run_dir), resolved(cfg), done_before=warm_done)  # fmt: skip
-    if not warm_done:
-        standing.update()
+    for ws in spec.used_warm_starts():  # the plain one, then each named one an arm needs
+        warm_done = (warm_start_dir(run_dir, ws) / "result.json").is_file()
+        timed(run_dir, warm_start_stage(ws), warm_start, spec.profile, None,
+              list(spec.overrides), str(run_dir), resolved(warm_start_config(spec, ws)),
+              warm_start_subdir(ws), done_before=warm_done)  # fmt: skip
+        if not warm_done:
+            standing.update()
     for run in arm_runs(spec, run_dir):
         done = finished(run, arm_config(spec, run.arm, run.seed))
         timed(run_dir, run.label, train_arm, experiment, overrides, str(run_dir), run.arm,

@@ -56,8 +56,10 @@ def warm_start(
     overrides: list[str] | None,
     run_dir: str,
     config: dict[str, Any] | None = None,
+    out_name: str = WARM_START,
 ) -> dict[str, Any]:
-    """`config`: the parent flow's resolved config (flows.common.build_config)."""
+    """`config`: the parent flow's resolved config (flows.common.build_config); `out_name`: the
+    warm start's directory under the run (an experiment's named warm starts have their own)."""
     from mem1_core.training.sft import NO_TEACHER, has_warm_start, train_sft
 
     cfg = build_config(profile, config_path, overrides, config)
@@ -65,7 +67,7 @@ def warm_start(
         print(f"warm start skipped: {NO_TEACHER}")
         return {"skipped": NO_TEACHER}
     root = Path(run_dir)
-    out = root / WARM_START
+    out = root / out_name
     result = train_sft(cfg, out, warm_start=True, assets_dir=root, resume=True, progress=False)
     release_freed_memory("warm start")  # the PPO stage's actors start beside this process
     publish_table(

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from mem1_core.config import config_json
 from mem1_core.experiment.headline import (
     POOLED,
     claims_for,
@@ -30,14 +31,25 @@ from mem1_core.experiment.plan import (
     split_agent,
 )
 from mem1_core.experiment.report import claims_markdown, headline_markdown, plot_scaling
-from mem1_core.experiment.spec import base_config, eval_config, load_experiment
+from mem1_core.experiment.spec import (
+    ExperimentSpec,
+    agent_play_overrides,
+    arm_config,
+    base_config,
+    eval_config,
+    load_experiment,
+    warm_start_config,
+)
 
 # ---- settings -----------------------------------------------------------------------------
 
 
 def test_the_smol_experiment_reads_its_settings_and_a_set_wins():
     spec = load_experiment("smol")
-    assert spec.arms == {"mem1-ppo": (0, 1), "full-ppo": (0, 1), "mem1-sft": (0,)}
+    assert {a: (x.trainer, x.memory, x.seeds) for a, x in spec.arms.items()} == {
+        "mem1-ppo": ("ppo", "mem1", (0, 1)), "full-ppo": ("ppo", "full", (0, 1)),
+        "mem1-sft": ("sft", "mem1", (0,)),
+    }  # fmt: skip
     assert spec.worlds == (4242,) and spec.objectives == (1, 2, 4, 8, 16)
     c = base_config(spec)
     assert (c.ppo.iterations, c.ppo.actor_lr, c.ppo.critic_lr, c.sft.steps) == (12, 1e-5, 5e-5, 48)
@@ -49,10 +61,10 @@ def test_the_smol_experiment_reads_its_settings_and_a_set_wins():
     more = load_experiment(
         "smol",
         ["experiment.eval.objectives=[2]", "experiment.eval.objectives_per_n=512",
-         "experiment.arms.mem1-ppo=[0, 1, 2]", "ppo.iterations=8"],
+         "experiment.arms.mem1-ppo.seeds=[0, 1, 2]", "ppo.iterations=8"],
     )  # fmt: skip
     assert more.objectives == (2,) and more.objectives_per_n == 512
-    assert more.arms["mem1-ppo"] == (0, 1, 2) and "ppo.iterations=8" in more.overrides
+    assert more.arms["mem1-ppo"].seeds == (0, 1, 2) and "ppo.iterations=8" in more.overrides
     assert not any(o.startswith("experiment.") for o in more.overrides)
     smoke = load_experiment("smoke")  # evaluation-only settings reach the evaluation alone
     assert eval_config(smoke, 0).rollout.turns_per_objective == 1
@@ -61,13 +73,35 @@ def test_the_smol_experiment_reads_its_settings_and_a_set_wins():
     assert ev.world.seed == 4242 and ev.data.eval_tasks(16) == 8 and ev.data.eval_tasks(1) == 128
 
 
+ARM = "{trainer: ppo, memory: mem1, seeds: [0]}"
+
+
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("profile: smoke\narms: {mem1-ppo: [0]}\nevals: {}\n", "unknown keys"),
-        ("profile: smoke\narms: {ppo: [0]}\n", "arms"),
-        ("profile: smoke\narms: {mem1-ppo: [0]}\neval: {agents: [full-ppo]}\n", "does not train"),
-        ("arms: {mem1-ppo: [0]}\n", "profile"),
+        (f"profile: smoke\narms: {{a: {ARM}}}\nevals: {{}}\n", "unknown keys"),
+        ("profile: smoke\narms: {mem1-ppo: [0]}\n", r"arm mem1-ppo: write it as \{trainer"),
+        (f"profile: smoke\narms: {{a: {ARM}}}\neval: {{agents: [full-ppo]}}\n", "add the arm"),
+        (f"arms: {{a: {ARM}}}\n", "profile"),
+        ("profile: smoke\narms: {a: {trainer: dpo, memory: mem1, seeds: [0]}}\n", "trainer 'dpo'"),
+        ("profile: smoke\narms: {a: {trainer: ppo, memory: flat, seeds: [0]}}\n", "memory 'flat'"),
+        (
+            "profile: smoke\narms: {a: {trainer: ppo, memory: mem1, seeds: [0], lr: 1}}\n",
+            r"arm a: unknown keys \['lr'\]",
+        ),
+        (f"profile: smoke\narms: {{a: {ARM}, b: {ARM}}}\n", "arms a and b train the same"),
+        (
+            "profile: smoke\narms: {a: {trainer: ppo, memory: mem1, seeds: [0], warm_start: w}}\n",
+            "warm start 'w', which `warm_starts:` does not declare",
+        ),
+        (
+            f"profile: smoke\narms: {{a: {ARM}}}\neval: {{plays: {{t: {{arm: b, memory: full}}}}}}\n",
+            "plays arm 'b', which the experiment does not train",
+        ),
+        (
+            f"profile: smoke\narms: {{a: {ARM}}}\nclaims: {{above: [{{a: a, b: c, objectives: [4]}}]}}\n",
+            r"missing \['c'\]",
+        ),
     ],
 )
 def test_a_bad_experiment_file_says_what_to_fix(tmp_path, text, message):
@@ -90,7 +124,7 @@ def _metrics(run_dir: Path, rows: list[dict]) -> None:
 def test_an_arm_is_finished_only_at_its_count(tmp_path):
     spec = load_experiment("smoke")
     cfg = base_config(spec)  # 2 PPO iterations
-    run = ArmRun("mem1-ppo", 1, tmp_path / "ppo_mem1" / "seed1")
+    run = ArmRun("mem1-ppo", 1, tmp_path / "ppo_mem1" / "seed1", "ppo")
     assert not finished(run, cfg)
     _metrics(run.dir, [{"iteration": 0}])
     assert not finished(run, cfg)
@@ -98,7 +132,7 @@ def test_an_arm_is_finished_only_at_its_count(tmp_path):
     assert not finished(run, cfg)
     _metrics(run.dir, [{"iteration": 0}, {"iteration": 1, "stopped_by": "iterations"}])
     assert finished(run, cfg)
-    sft = ArmRun("mem1-sft", 0, tmp_path / "sft_mem1" / "seed0")
+    sft = ArmRun("mem1-sft", 0, tmp_path / "sft_mem1" / "seed0", "sft")
     _metrics(sft.dir, [{"step": 3, "stopped_by": "steps"}])
     assert not finished(sft, cfg)  # no policy nor result.json yet
     (sft.dir / "policy").mkdir()
@@ -122,7 +156,7 @@ def test_reuse_links_finished_arms_and_refuses_one_short_of_its_count(tmp_path):
     assert (out / "ppo_mem1" / "seed0").resolve() == (src / "ppo_mem1" / "seed0").resolve()
     assert not (out / "ppo_full").exists()  # never ran there: trained here
     _metrics(src / "ppo_full" / "seed1", [{"iteration": 0}])
-    with pytest.raises(ValueError, match=r"ppo-full · seed 1 has not finished its 2 iterations"):
+    with pytest.raises(ValueError, match=r"full-ppo · seed 1 has not finished its 2 iterations"):
         link_reused(spec, cfg, src, tmp_path / "other")
     # a run trained under other settings is not this experiment's, whatever it has finished
     other = load_experiment("smoke", ["ppo.actor_lr=3e-5"])
@@ -135,7 +169,9 @@ def test_a_run_directory_refuses_a_config_that_trains_differently(tmp_path):
     check_run_dir(tmp_path, spec, base_config(spec))
     check_run_dir(tmp_path, spec, base_config(spec))  # the same again: resumed
     # another seed, world or N is new work on the same arms: allowed
-    more = load_experiment("smoke", ["experiment.arms.mem1-ppo=[0, 1, 2]", "eval.scorer=squad"])
+    more = load_experiment(
+        "smoke", ["experiment.arms.mem1-ppo.seeds=[0, 1, 2]", "eval.scorer=squad"]
+    )
     check_run_dir(tmp_path, more, base_config(more))
     # where and how often it checkpoints is not what it trains: resumed elsewhere, allowed
     moved = load_experiment(
@@ -151,8 +187,8 @@ def test_each_arm_and_seed_is_a_stage_and_each_agent_seed_is_evaluated(tmp_path)
     spec = load_experiment("smoke")
     runs = arm_runs(spec, tmp_path)
     assert [r.label for r in runs] == [
-        "ppo-mem1 · seed 0", "ppo-mem1 · seed 1", "ppo-full · seed 0", "ppo-full · seed 1",
-        "sft-mem1 · seed 0",
+        "mem1-ppo · seed 0", "mem1-ppo · seed 1", "full-ppo · seed 0", "full-ppo · seed 1",
+        "mem1-sft · seed 0",
     ]  # fmt: skip
     for d in [tmp_path / "warm_start", *(r.dir for r in runs)]:
         (d / "policy").mkdir(parents=True)
@@ -312,7 +348,7 @@ def test_scores_are_read_back_from_the_trajectories(tmp_path):
 KILLED_STAGE = """
 import os, signal, sys, time
 from mem1_core.experiment.walls import StageWalls
-with StageWalls(sys.argv[1], heartbeat_seconds=0.05).stage("ppo-mem1 · seed 0"):
+with StageWalls(sys.argv[1], heartbeat_seconds=0.05).stage("mem1-ppo · seed 0"):
     print("started", flush=True)
     time.sleep(0.8)
     os.kill(os.getpid(), signal.SIGKILL)  # a kill: no finally, no exit handler runs
@@ -338,14 +374,14 @@ def test_a_killed_stage_keeps_its_time_and_the_next_attempt_adds_it(tmp_path):
     assert not (tmp_path / "walls.json").exists()  # the killed attempt finished nothing
 
     walls = StageWalls(tmp_path)
-    with walls.stage("ppo-mem1 · seed 0"):
+    with walls.stage("mem1-ppo · seed 0"):
         time.sleep(0.2)
     with walls.stage("warm start", count=False):  # found finished: adds nothing
         time.sleep(0.1)
     got = walls.read()
-    assert set(got) == {"ppo-mem1 · seed 0"}
+    assert set(got) == {"mem1-ppo · seed 0"}
     # the killed attempt ran 0.8 s of its stage (heartbeats every 0.05 s), the resumed 0.2 s
-    assert 0.8 + 0.2 - 0.1 <= got["ppo-mem1 · seed 0"] <= killed_for + 0.2 + 0.2
+    assert 0.8 + 0.2 - 0.1 <= got["mem1-ppo · seed 0"] <= killed_for + 0.2 + 0.2
     assert not (tmp_path / OPEN_FILE).exists()
     # both attempts ran on this CPU: it is named once, beside the stage
     from mem1_core.models.compute import cpu_info
@@ -411,7 +447,7 @@ def test_report_on_a_run_still_going_gives_each_stage_and_the_claims_so_far(
     out = capsys.readouterr().out
     assert "warm start: done" in out
     assert (
-        "ppo-mem1 · seed 0: 1 of 2 iterations" in out and "sft-mem1 · seed 0: 0 of 4 steps" in out
+        "mem1-ppo · seed 0: 1 of 2 iterations" in out and "mem1-sft · seed 0: 0 of 4 steps" in out
     )
     assert "evaluation, world 0: 3 of 12 cells" in out  # 6 agent × seed rows × N in {2, 8}
     h = json.loads((run / "eval" / "headline.json").read_text())
@@ -445,3 +481,142 @@ def test_report_refuses_a_directory_that_is_not_an_experiment_run(tmp_path, caps
 
     assert main(["experiment", "report", str(tmp_path)]) == 2
     assert "is not an experiment run (no experiment.json)" in capsys.readouterr().err
+
+
+# ---- arms are data --------------------------------------------------------------------------
+
+VARIANTS = """
+profile: smoke
+set: {ppo.iterations: 2, sft.steps: 4}
+warm_starts:
+  upto4: {set: {sft.warm_start_objectives: [1, 2, 3, 4]}}
+arms:
+  mem1-ppo: {trainer: ppo, memory: mem1, seeds: [0, 1]}
+  full-ppo: {trainer: ppo, memory: full, seeds: [0]}
+  mem1-grpo: {trainer: grpo, memory: mem1, seeds: [0]}
+  mem1-ppo-long: {trainer: ppo, memory: mem1, set: {ppo.iterations: 5}, seeds: [3]}
+  mem1-ppo-upto4: {trainer: ppo, memory: mem1, warm_start: upto4, seeds: [0]}
+  mem1-ppo-keep: {trainer: ppo, memory: mem1, set: {rollout.keep_answers_prompt: true}, seeds: [0]}
+  mem1-sft: {trainer: sft, memory: mem1, seeds: [0]}
+eval:
+  agents: [warm-start, warm-start-upto4, mem1-ppo, mem1-ppo-long, mem1-ppo-upto4, truncate-ppo]
+  plays: {truncate-ppo: {arm: full-ppo, memory: truncate}}
+curve: {objectives: [4], points: 2}
+claims:
+  mem1: mem1-ppo-long
+  above: [{a: mem1-ppo-upto4, b: mem1-ppo, objectives: [4, 8]}]
+"""
+
+
+def test_an_arm_is_its_trainer_memory_settings_warm_start_and_seeds(tmp_path):
+    path = tmp_path / "variants.yaml"
+    path.write_text(VARIANTS)
+    spec = load_experiment(str(path))
+    # the settings in order: the experiment's, the warm start's, the trainer's, the arm's
+    long = arm_config(spec, "mem1-ppo-long", 3)
+    assert (long.ppo.iterations, long.model.seed, long.rollout.memory) == (5, 3, "mem1")
+    assert long.ppo.eval_every == 2  # the curve's 2 points over its own 5 iterations
+    assert arm_config(spec, "mem1-ppo", 0).ppo.iterations == 2
+    grpo = arm_config(spec, "mem1-grpo", 0)
+    assert (grpo.ppo.adv_estimator, grpo.ppo.samples_per_task) == ("grpo", 4)
+    up = arm_config(spec, "mem1-ppo-upto4", 0)
+    assert tuple(up.sft.warm_start_objectives) == (1, 2, 3, 4)
+    assert tuple(warm_start_config(spec, "upto4").sft.warm_start_objectives) == (1, 2, 3, 4)
+    assert tuple(base_config(spec).sft.warm_start_objectives) == (1, 2)  # the plain one
+    assert spec.used_warm_starts() == ["plain", "upto4"]
+    # how an arm plays (its rollout settings: a prompt) follows its agents into the evaluation
+    assert eval_config(spec, 7, "mem1-ppo-keep").rollout.keep_answers_prompt
+    assert eval_config(spec, 7, "mem1-ppo-keep").world.seed == 7
+    assert not eval_config(spec, 7, "mem1-ppo").rollout.keep_answers_prompt
+    assert agent_play_overrides(spec, "mem1-ppo-keep") == ["rollout.keep_answers_prompt=true"]
+    assert agent_play_overrides(spec, "mem1-ppo-upto4") == []  # a warm start's sft.* trains only
+    # directories: the paper's arms keep the pipeline's names, a variant has its own
+    dirs = {r.label: r.dir.relative_to(tmp_path).as_posix() for r in arm_runs(spec, tmp_path)}
+    assert dirs == {
+        "mem1-ppo · seed 0": "ppo_mem1/seed0", "mem1-ppo · seed 1": "ppo_mem1/seed1",
+        "full-ppo · seed 0": "ppo_full/seed0", "mem1-grpo · seed 0": "grpo_mem1/seed0",
+        "mem1-ppo-long · seed 3": "arm_mem1-ppo-long/seed3",
+        "mem1-ppo-upto4 · seed 0": "arm_mem1-ppo-upto4/seed0",
+        "mem1-ppo-keep · seed 0": "arm_mem1-ppo-keep/seed0", "mem1-sft · seed 0": "sft_mem1/seed0",
+    }  # fmt: skip
+    assert list(dirs)[-1] == "mem1-sft · seed 0"  # the RL arms first
+    for d in [tmp_path / "warm_start", tmp_path / "warm_start_upto4",
+              *(r.dir for r in arm_runs(spec, tmp_path))]:  # fmt: skip
+        (d / "policy").mkdir(parents=True)
+        for name in ("config.json", "model.safetensors"):
+            (d / "policy" / name).write_text("{}")
+    agents = {a: (Path(p).parent.relative_to(tmp_path).as_posix(), m)
+              for a, p, m in eval_agents(spec, tmp_path)}  # fmt: skip
+    assert agents == {
+        "warm-start": ("warm_start", "mem1"), "warm-start-upto4": ("warm_start_upto4", "mem1"),
+        "mem1-ppo-s0": ("ppo_mem1/seed0", "mem1"), "mem1-ppo-s1": ("ppo_mem1/seed1", "mem1"),
+        "mem1-ppo-long-s3": ("arm_mem1-ppo-long/seed3", "mem1"),
+        "mem1-ppo-upto4-s0": ("arm_mem1-ppo-upto4/seed0", "mem1"),
+        "truncate-ppo-s0": ("ppo_full/seed0", "truncate"),
+    }  # fmt: skip
+    labels = [c.label for c in claims_for(2, [4, 8], spec.roles, spec.above)]
+    assert labels[-2:] == [
+        "mem1-ppo-upto4 above mem1-ppo at N=4",
+        "mem1-ppo-upto4 above mem1-ppo at N=8",
+    ]
+    assert claims_for(2, [4], spec.roles)[0].a == "mem1-ppo-long"
+    # the record a run keeps reads back as the same experiment
+    assert ExperimentSpec.from_dict(spec.to_dict()) == spec
+
+
+def test_a_run_made_before_arms_were_data_reads_back_and_resumes(tmp_path):
+    spec = load_experiment("smoke")
+    record = spec.to_dict() | {"arms": {"mem1-ppo": [0, 1], "full-ppo": [0, 1], "mem1-sft": [0]}}
+    record["agents"] = ["warm-start", "mem1-ppo", "full-ppo", "truncate-ppo", "mem1-sft"]
+    for key in ("warm_starts", "plays", "roles", "above"):
+        record.pop(key)
+    old = ExperimentSpec.from_dict(record)
+    assert {a: (x.trainer, x.memory, x.seeds) for a, x in old.arms.items()} == {
+        a: (x.trainer, x.memory, x.seeds) for a, x in spec.arms.items()
+    }
+    assert (
+        old.agent_memory("truncate-ppo") == "truncate"
+        and old.agent_arm("truncate-ppo") == "full-ppo"
+    )
+    (tmp_path / "experiment.json").write_text(
+        json.dumps({"experiment": record, "config": json.loads(config_json(base_config(spec)))})
+    )
+    check_run_dir(tmp_path, spec, base_config(spec))  # the same arms: it resumes
+    assert [r.dir.relative_to(tmp_path).as_posix() for r in arm_runs(spec, tmp_path)][:2] == [
+        "ppo_mem1/seed0",
+        "ppo_mem1/seed1",
+    ]
+
+
+def test_a_run_refuses_an_arm_declared_otherwise_under_its_name(tmp_path):
+    spec = load_experiment("smoke")
+    check_run_dir(tmp_path, spec, base_config(spec))
+    other = load_experiment("smoke", ["experiment.arms.mem1-ppo.set={ppo.actor_lr: 3.0e-5}"])
+    with pytest.raises(ValueError, match=r"other settings \(mem1-ppo\)"):
+        check_run_dir(tmp_path, other, base_config(other))
+
+
+@pytest.mark.parametrize("name", ["smoke", "smol", "horizon"])
+def test_every_shipped_experiment_loads_and_resolves_its_plan(name, tmp_path):
+    spec = load_experiment(name)
+    cfg = base_config(spec)
+    runs = arm_runs(spec, tmp_path)
+    assert runs and all(arm_config(spec, r.arm, r.seed).model.seed == r.seed for r in runs)
+    assert ExperimentSpec.from_dict(spec.to_dict()) == spec
+    assert {a for a in spec.agents if spec.agent_arm(a)} <= set(spec.arms) | set(spec.plays)
+    assert eval_config(spec, 4242).world.seed == 4242 and cfg.world.seed == 0
+
+
+def test_the_horizon_experiment_keeps_the_papers_setting_and_names_each_lever():
+    spec = load_experiment("horizon")
+    paper = arm_config(spec, "mem1-ppo", 0)
+    assert (paper.data.train_objectives, tuple(paper.sft.warm_start_objectives)) == (2, (1, 2))
+    assert not paper.ppo.curriculum and not paper.rollout.keep_answers_prompt
+    # the claims rest on three seeds each
+    assert all(len(spec.arms[a].seeds) >= 3 for a in ("mem1-ppo", "full-ppo", "mem1-sft"))
+    up = warm_start_config(spec, "upto4")
+    assert tuple(up.sft.warm_start_objectives) == (1, 2, 3, 4)
+    assert arm_config(spec, "mem1-ppo-upto4", 0).data.train_objectives == 2
+    assert tuple(arm_config(spec, "mem1-ppo-curriculum", 0).ppo.curriculum) == (1, 2, 4)
+    assert eval_config(spec, 4242, "mem1-ppo-keep").rollout.keep_answers_prompt
+    assert spec.worlds == (4242,) and spec.objectives == (1, 2, 4, 8, 16)

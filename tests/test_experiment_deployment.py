@@ -120,7 +120,7 @@ def test_experiment_resumes_after_a_crash_and_publishes_its_claims(deployed, tmp
             assert [r["iteration"] for r in rows] == [0, 1], (arm, seed)  # none lost or repeated
     # every stage's wall time, the killed attempt's folded in (tests/test_experiment.py)
     walls = json.loads((run_dir / "walls.json").read_text())
-    assert {"warm start", "ppo-full · seed 0", "evaluation, world 4242"} <= set(walls), walls
+    assert {"warm start", "full-ppo · seed 0", "evaluation, world 4242"} <= set(walls), walls
     assert not (run_dir / "walls.open.json").exists()
 
     h = json.loads((run_dir / "eval" / "headline.json").read_text())
@@ -159,7 +159,7 @@ def test_experiment_resumes_after_a_crash_and_publishes_its_claims(deployed, tmp
         parent = client.read_flow_run(run.id)
     assert parent.name == f"experiment · {run_dir.name}"
     names = {s.name for s in subflows}
-    assert {"ppo-mem1 · seed 1", "ppo-full · seed 0", "sft-mem1 · seed 0",
+    assert {"mem1-ppo · seed 1", "full-ppo · seed 0", "mem1-sft · seed 0",
             "evaluate · world 4242", f"warm-start · {run_dir.name}"} <= names  # fmt: skip
     published = _artifacts([run.id])
     assert "MEM1 above its start at N=2" in published["mem1-experiment-claims"]
@@ -181,5 +181,5 @@ def test_experiment_resumes_after_a_crash_and_publishes_its_claims(deployed, tmp
     progress = max(progress, key=lambda a: a.created)
     so_far = [a.data for a in versions if "Not finished" in a.data]
     assert len(so_far) >= 3, len(so_far)  # the start, the warm start, each arm trained, world 0
-    assert any("ppo-full · seed 1: 0 of 2 iterations" in d for d in so_far)
+    assert any("full-ppo · seed 1: 0 of 2 iterations" in d for d in so_far)
     assert progress.data == 100.0 and "evaluation, world 4242: done" in progress.description

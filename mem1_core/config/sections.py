@@ -257,6 +257,17 @@ class RolloutConfig(Section):
     (SmolLM2 then writes more questions). Needs a tokenizer with a template."""
     truncate_turns: int = 2
     """`truncate`: how many of the last turns stay in context."""
+    keep_answers_prompt: bool = False
+    """Beyond the paper: the task instructions ask the `<IS>` to keep every answer found so far
+    (data.prompts.KEEP_ANSWERS_INSTRUCTIONS), a lever against forgetting found answers on tasks
+    longer than the training N. False: the paper's instructions."""
+    progress_hint: bool = False
+    """Beyond the paper: the hint in every `<info>` also says how many questions the task has
+    and how many still have no answer in any `<info>` the trajectory has received (a gold
+    answer, normalised, as a whole phrase of the results): an oracle count of what is left,
+    a lever against answering before every question was searched. It uses the gold answers,
+    so an agent under it is measured with help the paper's agents do not get. False: the
+    paper's turns-left hint."""
     turns_base: int = 2
     """See turns_per_objective."""
     turns_per_objective: int = 2

@@ -99,6 +99,19 @@ class PPOConfig(Section):
     max_nonfinite_in_row: int = 3
     """Stop with an error after this many skipped (non-finite) updates in a row."""
 
+    # -- Parameters that control which task lengths an iteration trains on --
+    curriculum: tuple[int, ...] = ()
+    """Beyond the paper (which trains on data.train_objectives only): the N of the training
+    tasks as a stagewise curriculum, e.g. (1, 2, 4): the iterations split into len(curriculum)
+    consecutive stages of equal length (the first stages take the remainder), stage k on
+    N=curriculum[k], as the h1 recipe trains on chained short problems before longer ones
+    (arXiv 2510.07312). Each iteration's N and the horizon reached so far (the largest N
+    trained) go to metrics.jsonl (`train_objectives`, `horizon`). Empty: the paper."""
+    curriculum_mixture: bool = False
+    """With `curriculum`: every iteration trains on all its N at once (tasks_per_iteration
+    split evenly over them, the smaller N first taking the remainder), a mixture instead of
+    stages."""
+
     # -- Parameters that control the samples of an iteration --
     tasks_per_iteration: int = 32
     """Tasks rolled out per iteration (drawn from the training tasks, fixed per iteration)."""
@@ -219,6 +232,18 @@ class PPOConfig(Section):
             raise ValueError("ppo.minibatch_size must be a multiple of ppo.micro_batch_size")
         if any(n < 1 for n in self.eval_objectives):
             raise ValueError("ppo.eval_objectives: objective counts must be >= 1")
+        if any(n < 1 for n in self.curriculum):
+            raise ValueError("ppo.curriculum: objective counts must be >= 1")
+        if self.curriculum_mixture and not self.curriculum:
+            raise ValueError(
+                "ppo.curriculum_mixture=true mixes the N of ppo.curriculum: give them, e.g. "
+                "ppo.curriculum=[1,2,4]"
+            )
+        if self.curriculum and len(self.curriculum) > self.iterations:
+            raise ValueError(
+                f"ppo.curriculum has {len(self.curriculum)} stages but ppo.iterations="
+                f"{self.iterations}: give at least one iteration per stage"
+            )
         if self.critic_layers is not None and self.critic_layers < 1:
             raise ValueError(
                 f"ppo.critic_layers={self.critic_layers}: keep at least 1 of the policy's "

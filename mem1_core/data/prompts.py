@@ -35,6 +35,26 @@ TASK_INSTRUCTIONS = (
 )
 
 
+KEEP_ANSWERS_INSTRUCTIONS = (
+    f"Answer by searching. Each turn write {IS_OPEN} {IS_CLOSE}, your only memory: keep every "
+    "answer you have found so far, one per question, and every fact you still need. Then "
+    f"search with {QUERY_OPEN} {QUERY_CLOSE} (results come in {INFO_OPEN} {INFO_CLOSE}) or "
+    f"answer {ANSWER_OPEN} a1; a2 {ANSWER_CLOSE}, one answer per question in order."
+)
+"""Beyond the paper (`rollout.keep_answers_prompt`): the instructions with an `<IS>` that is
+asked to carry every answer found so far, against forgetting found answers on long tasks."""
+
+
+def keep_answers_prompt(prompt: str) -> str:
+    """A task prompt (task_prompt's) with KEEP_ANSWERS_INSTRUCTIONS in place of the paper's."""
+    if TASK_INSTRUCTIONS not in prompt:
+        raise ValueError(
+            "rollout.keep_answers_prompt: the task prompt does not hold the task instructions "
+            "(tasks composed with another prompt); recompose them or turn the option off"
+        )
+    return prompt.replace(TASK_INSTRUCTIONS, KEEP_ANSWERS_INSTRUCTIONS, 1)
+
+
 def task_prompt(questions: list[str]) -> str:
     """The task prompt for an N-objective task (N = len(questions))."""
     if not questions:
@@ -58,6 +78,15 @@ def turns_left_hint(turns_left: int) -> str:
     if turns_left <= 1:
         return "[HINT] This is your last turn: answer now."
     return f"[HINT] You have {turns_left} turns left."
+
+
+def progress_hint(turns_left: int, n: int, unfound: int) -> str:
+    """Beyond the paper (`rollout.progress_hint`): the turns-left hint and, on the same line,
+    how many of the task's `n` questions have answers no `<info>` has shown yet."""
+    return (
+        f"{turns_left_hint(turns_left)} The task has {n} question{'s' if n != 1 else ''}; "
+        f"{unfound} still without an answer in the results so far."
+    )
 
 
 def join_answers(answers: list[str]) -> str:

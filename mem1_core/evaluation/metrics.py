@@ -32,6 +32,12 @@ def normalize_answer(s: str) -> str:
     return " ".join(_ARTICLES.sub(" ", s).split())
 
 
+def mentions(text: str, golds: list[str]) -> bool:
+    """Whether any gold alias, normalised, appears in the normalised `text` as whole words."""
+    padded = f" {normalize_answer(text)} "
+    return any((g := normalize_answer(x)) and f" {g} " in padded for x in golds)
+
+
 def exact_match(prediction: str, golds: list[str]) -> float:
     p = normalize_answer(prediction)
     return float(any(p == normalize_answer(g) for g in golds))

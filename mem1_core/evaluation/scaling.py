@@ -51,6 +51,10 @@ class Agent:
     load: Callable[[], object] | None = None
     """Builds `model` when it is None and a cell must be played in this process: an agent
     whose cells are all reused or played elsewhere is never loaded."""
+    env: object | None = None
+    """Its own environment and rollout settings (an experiment's arm trained with another
+    prompt plays under it); None: the evaluation's."""
+    rollout: object | None = None
 
 
 CellPlayer = Callable[[list[Cell], Callable[[Cell], None]], None]
@@ -115,9 +119,9 @@ def evaluate_scaling(
             trajs, seconds = run_eval(
                 agent.model if agent.model is not None else models.get(agent.name),
                 tokenizer,
-                env,
+                agent.env or env,
                 cell.tasks,
-                rollout_cfg,
+                agent.rollout or rollout_cfg,
                 memory=agent.memory,
                 backend=agent.backend,
                 progress=progress,

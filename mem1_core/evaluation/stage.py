@@ -68,6 +68,15 @@ def policy_dir(path: str | Path) -> str | None:
     return str(local.resolve()) if (local / "config.json").is_file() else None
 
 
+def _play_settings(cfg, own) -> str:
+    """The rollout settings an agent plays under beyond the evaluation's (part of its cells'
+    identity: a cell played under other settings is played again)."""
+    if own is None:
+        return ""
+    mine, theirs = own.rollout.to_dict(), cfg.rollout.to_dict()
+    return " " + json.dumps({k: v for k, v in mine.items() if theirs.get(k) != v}, sort_keys=True)
+
+
 def run_objective_scaling(
     cfg,
     run_dir: str | Path,
@@ -77,8 +86,12 @@ def run_objective_scaling(
     teacher: bool = True,
     objectives: tuple[int, ...] | None = None,
     progress: bool = True,
+    agent_configs: dict | None = None,
 ) -> dict:
-    """agents: (name, policy_dir, memory policy). Writes `out_dir`'s trajectories, metrics,
+    """agents: (name, policy_dir, memory policy); `agent_configs`: agent name -> the config it
+    plays under where that differs from `cfg` in how it plays (its rollout settings: an arm
+    trained with another prompt), played here, not by the vLLM player, under its own
+    environment. Writes `out_dir`'s trajectories, metrics,
     plots, headline.json and samples/<agent>.md (mem1_core.evaluation.samples); returns the
     headline's cells (`headline`) and comparisons, and the paths. `teacher` adds the scripted
     teacher's rows where it can play the tasks (the world's). A rerun into the same `out_dir` resumes: cells
@@ -93,10 +106,14 @@ def run_objective_scaling(
     ns = objectives or cfg.data.eval_objectives
     tasks_by_n = {n: load_tasks(cfg, paths, "test", n)[: cfg.data.eval_tasks(n)] for n in ns}
     player = choose_player(cfg, paths.root)
+    own = agent_configs or {}
     built = [
         Agent(
-            name, memory, None, source=policy_source(path), policy=policy_dir(path),
+            name, memory, None, source=policy_source(path) + _play_settings(cfg, own.get(name)),
+            policy=None if name in own else policy_dir(path),
             load=functools.partial(load_model, path, cfg.model, tok),
+            env=make_env(own[name], paths, tok) if name in own else None,
+            rollout=own[name].rollout if name in own else None,
         )
         for name, path, memory in agents
     ]  # fmt: skip

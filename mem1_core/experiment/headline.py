@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mem1_core.experiment.plan import split_agent
-from mem1_core.experiment.spec import AGENTS
+from mem1_core.experiment.spec import CLAIM_ROLES
 
 HEADLINE_SCHEMA = 1
 
@@ -119,23 +119,37 @@ class Claim:
     n: int
 
 
-def claims_for(train_n: int, objectives: list[int]) -> list[Claim]:
+def claims_for(
+    train_n: int,
+    objectives: list[int],
+    roles: Mapping[str, str] | None = None,
+    above: tuple = (),
+) -> list[Claim]:
     """The paper's claims, by what they claim: MEM1 above its start at the training N (§5.2),
     MEM1 above the full context at N=8 and 16 (Table 1), MEM1's peak tokens at N=16 relative to
-    the full context's (Table 1: 0.27), RL above SFT at every N ≥ 4 (§5.4)."""
+    the full context's (Table 1: 0.27), RL above SFT at every N ≥ 4 (§5.4); then an
+    experiment's own (`above`: mem1_core.experiment.spec.Above). `roles`: the agents that play
+    MEM1, the full context, SFT and MEM1's start (CLAIM_ROLES by default)."""
+    r = {**CLAIM_ROLES, **(roles or {})}
+    mem1, full, sft, start = r["mem1"], r["full"], r["sft"], r["start"]
     out = [Claim("mem1_above_start", f"MEM1 above its start at N={train_n}",
-                 "mem1-ppo", "warm-start", "em_frac", train_n)]  # fmt: skip
+                 mem1, start, "em_frac", train_n)]  # fmt: skip
     out += [
         Claim(f"mem1_above_full@{n}", f"MEM1 above full context at N={n}",
-              "mem1-ppo", "full-ppo", "em_frac", n)
+              mem1, full, "em_frac", n)
         for n in (8, 16)
     ]  # fmt: skip
     out.append(Claim("mem1_peak_over_full@16", "MEM1's peak tokens at N=16 / full context's",
-                     "mem1-ppo", "full-ppo", "peak_tokens", 16))  # fmt: skip
+                     mem1, full, "peak_tokens", 16))  # fmt: skip
     out += [
-        Claim(f"rl_above_sft@{n}", f"RL above SFT at N={n}", "mem1-ppo", "mem1-sft", "em_frac", n)
+        Claim(f"rl_above_sft@{n}", f"RL above SFT at N={n}", mem1, sft, "em_frac", n)
         for n in objectives
         if n >= 4
+    ]
+    out += [
+        Claim(f"{c.a}_above_{c.b}@{n}", f"{c.a} above {c.b} at N={n}", c.a, c.b, "em_frac", n)
+        for c in above
+        for n in c.objectives
     ]
     return out
 
@@ -160,14 +174,15 @@ def _compare(metric: str, a: dict[str, float], b: dict[str, float], n: int) -> d
     }  # fmt: skip
 
 
-def world_headline(scores: Scores) -> dict[str, Any]:
+def world_headline(scores: Scores, agents: list[str] | None = None) -> dict[str, Any]:
     """One world's cells (each agent per seed and pooled) and every comparison the claims
-    draw on, per seed and pooled."""
+    draw on, per seed and pooled. `agents`: the experiment's agent names, in its order (an
+    evaluated name is split into agent and seed against them)."""
     seeds: dict[str, list[int | None]] = {}
     for name in scores:
-        base, seed = split_agent(name)
+        base, seed = split_agent(name, agents)
         seeds.setdefault(base, []).append(seed)
-    order = {a: k for k, a in enumerate(AGENTS)}  # the warm start, then each arm's agents
+    order = {a: k for k, a in enumerate(agents or ())}  # the file's order
     seeds = {
         a: sorted(s, key=lambda x: -1 if x is None else x)
         for a, s in sorted(seeds.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
@@ -250,11 +265,15 @@ def experiment_headline(
     se_bar: float,
     ratio_bar: float,
     experiment: str = "",
+    agents: list[str] | None = None,
+    roles: Mapping[str, str] | None = None,
+    above: tuple = (),
 ) -> dict[str, Any]:
-    """THE experiment headline from each world's per-task scores (`read_scores`)."""
-    worlds = {str(w): world_headline(s) for w, s in evals.items()}
+    """THE experiment headline from each world's per-task scores (`read_scores`); `agents`,
+    `roles`, `above`: the experiment's agent names, its claims' roles and its own claims."""
+    worlds = {str(w): world_headline(s, agents) for w, s in evals.items()}
     ns = sorted({n for w in worlds.values() for n in w["objectives"]})
-    claims = judge_claims(worlds, claims_for(train_n, ns), se_bar, ratio_bar)
+    claims = judge_claims(worlds, claims_for(train_n, ns, roles, above), se_bar, ratio_bar)
     for w in worlds.values():  # the per-task scores stay in the trajectories
         w.pop("scores")
     return {

@@ -2,7 +2,10 @@
 
   experiment.json                  the experiment's settings and resolved config
   warm_start/                      the warm start, trained once (its assets beside it)
-  <arm dir>/seed<k>/               each arm × training seed (ppo_mem1, ppo_full, sft_mem1)
+  warm_start_<name>/               each named warm start an arm or agent needs
+  <arm dir>/seed<k>/               each arm × training seed: `<trainer>_<memory>` (ppo_mem1,
+                                   ppo_full, sft_mem1) for an arm that is only its trainer and
+                                   memory from the plain warm start, `arm_<name>` otherwise
   worlds/<seed>/                   each evaluated world's tasks, tokenizer and index
   eval/world<seed>/                its agents × N cells (trajectories, metrics, headline)
   eval/headline.json, headline.md  the experiment's headline across seeds and worlds
@@ -20,16 +23,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from mem1_core.experiment.spec import AGENT_ARM, ARMS, ExperimentSpec
+from mem1_core.experiment.spec import (
+    PLAIN,
+    ExperimentSpec,
+    arm_subdir,
+    warm_start_subdir,
+)
 from mem1_core.runs.atomic import write_json
-from mem1_core.runs.layout import PPO_FULL, PPO_MEM1, SFT_MEM1, WARM_START, RunPaths
-
-ARM_DIRS = {"mem1-ppo": PPO_MEM1, "full-ppo": PPO_FULL, "mem1-sft": SFT_MEM1}
-"""Each arm's directory under the run (the pipeline's stage names)."""
-
-AGENT_MEMORY = {"warm-start": "mem1", "mem1-ppo": "mem1", "full-ppo": "full",
-                "truncate-ppo": "truncate", "mem1-sft": "mem1"}  # fmt: skip
-"""The memory policy each agent plays under."""
+from mem1_core.runs.layout import WARM_START, RunPaths
 
 SPEC_FILE = "experiment.json"
 """A run's record: its experiment's settings and resolved config."""
@@ -63,14 +64,15 @@ def _record(spec: ExperimentSpec, cfg) -> dict:
 
 def check_run_dir(run_dir: Path, spec: ExperimentSpec, cfg) -> None:
     """Write the run's record (experiment.json) in a new run directory; in an existing one,
-    refuse a config that trains differently (its finished stages would be reused under the
-    wrong settings). Other arms, seeds, worlds or N may change: what is new runs, what is
-    finished is kept."""
+    refuse a config that trains differently, or an arm or warm start declared otherwise under
+    the same name (its finished stages would be reused under the wrong settings). Other arms,
+    seeds, worlds or N may change: what is new runs, what is finished is kept."""
     path = Path(run_dir) / SPEC_FILE
     record = _record(spec, cfg)
     if path.is_file():
         old = json.loads(path.read_text())
         changed = training_changes(old["config"], record["config"])
+        changed += arm_changes(old["experiment"], spec)
         if changed:
             raise ValueError(
                 f"{run_dir} holds experiment {old['experiment']['name']!r} trained with other "
@@ -86,59 +88,68 @@ class ArmRun:
     arm: str
     seed: int
     dir: Path
-
-    @property
-    def trainer(self) -> str:
-        return ARMS[self.arm][0]
-
-    @property
-    def memory(self) -> str:
-        return ARMS[self.arm][1]
+    trainer: str
+    """ppo, grpo or sft (mem1_core.experiment.spec.TRAINERS)."""
 
     @property
     def label(self) -> str:
-        """Its name in the UI: `ppo-mem1 · seed 1`."""
-        trainer, memory = ARMS[self.arm]
-        return f"{trainer}-{memory} · seed {self.seed}"
+        """Its name in the UI and walls.json: `mem1-ppo · seed 1`."""
+        return f"{self.arm} · seed {self.seed}"
+
+    @property
+    def rl(self) -> bool:
+        """Trained by RL (PPO or GRPO: iterations, a held-out curve), not by SFT (steps)."""
+        return self.trainer != "sft"
 
 
-def arm_dir(run_dir: Path, arm: str, seed: int) -> Path:
-    return Path(run_dir) / ARM_DIRS[arm] / f"seed{seed}"
+def arm_dir(run_dir: Path, spec: ExperimentSpec, arm: str, seed: int) -> Path:
+    if arm not in spec.arms:
+        raise ValueError(f"experiment {spec.name}: no arm {arm!r}; its arms are {list(spec.arms)}")
+    return Path(run_dir) / arm_subdir(arm, spec.arms[arm]) / f"seed{seed}"
+
+
+def warm_start_dir(run_dir: Path, name: str = PLAIN) -> Path:
+    return Path(run_dir) / warm_start_subdir(name)
+
+
+def arm_run(spec: ExperimentSpec, run_dir: Path, arm: str, seed: int) -> ArmRun:
+    return ArmRun(arm, seed, arm_dir(run_dir, spec, arm, seed), spec.arms[arm].trainer)
 
 
 def arm_runs(spec: ExperimentSpec, run_dir: Path) -> list[ArmRun]:
-    """Every arm × seed, PPO arms first (the SFT arm is the short one)."""
-    order = sorted(spec.arms, key=lambda a: (ARMS[a][0] != "ppo", list(ARMS).index(a)))
-    return [ArmRun(a, s, arm_dir(run_dir, a, s)) for a in order for s in spec.arms[a]]
+    """Every arm × seed in the file's order, RL arms first (the SFT arms are the short ones)."""
+    order = sorted(spec.arms, key=lambda a: spec.arms[a].trainer == "sft")
+    return [arm_run(spec, run_dir, a, s) for a in order for s in spec.arms[a].seeds]
 
 
-def arm_count(cfg, arm: str) -> tuple[int, str]:
-    """An arm's count and the metrics key it is in: PPO iterations, SFT steps."""
-    return (cfg.ppo.iterations, "iteration") if ARMS[arm][0] == "ppo" else (cfg.sft.steps, "step")
+def arm_count(cfg, trainer: str) -> tuple[int, str]:
+    """An arm's count and the metrics key it is in: RL iterations, SFT steps."""
+    return (cfg.sft.steps, "step") if trainer == "sft" else (cfg.ppo.iterations, "iteration")
 
 
 def finished(run: ArmRun, cfg) -> bool:
-    """The arm ran its whole count: a PPO arm's last metrics row says how it stopped and
+    """The arm ran its whole count: an RL arm's last metrics row says how it stopped and
     counts every iteration; an SFT arm has its policy and result.json beside its metrics."""
-    count, key = arm_count(cfg, run.arm)
-    if run.trainer == "sft":
+    count, key = arm_count(cfg, run.trainer)
+    if not run.rl:
         return (run.dir / "result.json").is_file() and (run.dir / "policy").is_dir()
     rows = RunPaths(run.dir).read_metrics() if run.dir.exists() else []
     return bool(rows) and "stopped_by" in rows[-1] and rows[-1][key] + 1 >= count
 
 
 def link_reused(spec: ExperimentSpec, cfg, source: Path, run_dir: Path) -> list[str]:
-    """Link a finished run's warm start and arms into `run_dir` (never copied, never trained
+    """Link a finished run's warm starts and arms into `run_dir` (never copied, never trained
     again) -> what was linked. An arm × seed of `source` short of its count is refused in one
     line; one `source` never ran is left to train here."""
+    from mem1_core.experiment.spec import arm_config
+
     source, run_dir = Path(source).resolve(), Path(run_dir)
     if not (source / WARM_START).is_dir() or not (source / SPEC_FILE).is_file():
         raise ValueError(
             f"reuse {source}: no {WARM_START}/ and {SPEC_FILE} (not an experiment run)"
         )
-    changed = training_changes(
-        json.loads((source / SPEC_FILE).read_text())["config"], _record(spec, cfg)["config"]
-    )
+    old = json.loads((source / SPEC_FILE).read_text())
+    changed = training_changes(old["config"], _record(spec, cfg)["config"])
     if changed:
         raise ValueError(
             f"reuse {source}: it trained with other settings ({', '.join(changed)}); its warm "
@@ -147,15 +158,21 @@ def link_reused(spec: ExperimentSpec, cfg, source: Path, run_dir: Path) -> list[
     if not (source / WARM_START / "result.json").is_file():
         # linked unfinished, it would go on training in the other run's directory
         raise ValueError(f"reuse {source}: its warm start has not finished")
+    differ = set(arm_changes(old["experiment"], spec))
     run_dir.mkdir(parents=True, exist_ok=True)
     linked = []
     pairs = [(source / WARM_START, run_dir / WARM_START)]
+    for name in spec.used_warm_starts():
+        src = warm_start_dir(source, name)
+        if name != PLAIN and name not in differ and (src / "result.json").is_file():
+            pairs.append((src, warm_start_dir(run_dir, name)))
     for run in arm_runs(spec, run_dir):
-        src = arm_dir(source, run.arm, run.seed)
-        if not src.exists():
+        src = arm_dir(source, spec, run.arm, run.seed)
+        if not src.exists() or run.arm in differ:
             continue
-        if not finished(ArmRun(run.arm, run.seed, src), cfg):
-            count, key = arm_count(cfg, run.arm)
+        acfg = arm_config(spec, run.arm, run.seed)
+        if not finished(ArmRun(run.arm, run.seed, src, run.trainer), acfg):
+            count, key = arm_count(acfg, run.trainer)
             raise ValueError(f"reuse {source}: {run.label} has not finished its {count} {key}s")
         pairs.append((src, run.dir))
     for src, dst in pairs:
@@ -166,34 +183,61 @@ def link_reused(spec: ExperimentSpec, cfg, source: Path, run_dir: Path) -> list[
     return linked
 
 
+def arm_changes(old: dict, spec: ExperimentSpec) -> list[str]:
+    """The arms and named warm starts of `spec` that a run record's experiment (`old`, its
+    to_dict) declares otherwise: same name, another trainer, memory, warm start or settings
+    (seeds aside: another seed is new work)."""
+    from mem1_core.experiment.spec import ExperimentSpec as Spec
+
+    before = Spec.from_dict(old)
+    out = [w for w, ws in spec.warm_starts.items()
+           if w in before.warm_starts and before.warm_starts[w] != ws]  # fmt: skip
+    for name, arm in spec.arms.items():
+        was = before.arms.get(name)
+        if was is None:
+            continue
+        if (was.trainer, was.memory, was.overrides, was.warm_start) != (
+            arm.trainer,
+            arm.memory,
+            arm.overrides,
+            arm.warm_start,
+        ) or arm.warm_start in out:
+            out.append(name)
+    return out
+
+
 def agent_name(agent: str, seed: int | None) -> str:
     """An evaluated agent's name: `mem1-ppo-s1`, `warm-start` (trained once)."""
     return agent if seed is None else f"{agent}-s{seed}"
 
 
-def split_agent(name: str) -> tuple[str, int | None]:
-    """`mem1-ppo-s1` -> (`mem1-ppo`, 1); `warm-start` -> (`warm-start`, None)."""
+def split_agent(name: str, known=None) -> tuple[str, int | None]:
+    """`mem1-ppo-s1` -> (`mem1-ppo`, 1); `warm-start` -> (`warm-start`, None). With `known`
+    (the experiment's agent names), only a known agent's name is split."""
     base, _, seed = name.rpartition("-s")
-    if base in AGENT_ARM and seed.isdigit():
+    if base and seed.isdigit() and (known is None or base in known):
         return base, int(seed)
     return name, None
 
 
+def agent_dir(spec: ExperimentSpec, run_dir: Path, agent: str, seed: int | None) -> Path:
+    """The directory whose policy agent `agent` plays under training seed `seed`."""
+    arm = spec.agent_arm(agent)
+    if arm is None:
+        return warm_start_dir(run_dir, spec.warm_start_agents()[agent])
+    return arm_dir(run_dir, spec, arm, seed)
+
+
 def eval_agents(spec: ExperimentSpec, run_dir: Path) -> list[tuple[str, str, str]]:
     """(name, policy directory, memory policy) of every agent × seed the final evaluation
-    plays: the warm start once, each arm's policy under each of its seeds."""
+    plays: a warm start once, each arm's policy under each of its seeds."""
     from mem1_core.runs.layout import resolve_init
 
-    out = []
-    for agent in spec.agents:
-        for seed in spec.seeds(agent):
-            d = (
-                Path(run_dir) / WARM_START
-                if seed is None
-                else arm_dir(run_dir, AGENT_ARM[agent], seed)
-            )
-            out.append((agent_name(agent, seed), str(resolve_init(d)), AGENT_MEMORY[agent]))
-    return out
+    return [
+        (agent_name(a, s), str(resolve_init(agent_dir(spec, run_dir, a, s))), spec.agent_memory(a))
+        for a in spec.agents
+        for s in spec.seeds(a)
+    ]
 
 
 def world_dirs(run_dir: Path, world: int) -> tuple[Path, Path]:
@@ -237,16 +281,19 @@ class StageStatus:
 
 
 def stage_status(spec: ExperimentSpec, cfg, run_dir: Path) -> list[StageStatus]:
-    """How far each stage of the run has come, from what it wrote: the warm start, each arm ×
+    """How far each stage of the run has come, from what it wrote: the warm starts, each arm ×
     seed (iterations or steps in its metrics), each world's evaluation (cells played)."""
     from mem1_core.experiment.spec import arm_config
 
     run_dir = Path(run_dir)
-    out = [StageStatus("warm start", int((run_dir / WARM_START / "result.json").is_file()), 1,
-                       "stage")]  # fmt: skip
+    out = [
+        StageStatus(warm_start_stage(w), int((warm_start_dir(run_dir, w) / "result.json").is_file()),
+                    1, "stage")
+        for w in spec.used_warm_starts()
+    ]  # fmt: skip
     for run in arm_runs(spec, run_dir):
         acfg = arm_config(spec, run.arm, run.seed)
-        count, key = arm_count(acfg, run.arm)
+        count, key = arm_count(acfg, run.trainer)
         if finished(run, acfg):
             done = count
         else:
@@ -264,3 +311,8 @@ def stage_status(spec: ExperimentSpec, cfg, run_dir: Path) -> list[StageStatus]:
         out.append(StageStatus(f"evaluation, world {w}", played, len(names) * len(spec.objectives),
                                "cell"))  # fmt: skip
     return out
+
+
+def warm_start_stage(name: str) -> str:
+    """A warm start's stage name (walls.json, the UI): `warm start`, `warm start upto4`."""
+    return "warm start" if name == PLAIN else f"warm start {name}"

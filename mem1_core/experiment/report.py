@@ -39,11 +39,12 @@ def write_experiment_headline(spec, cfg, run_dir: Path) -> dict[str, Any]:
     names, worlds = set(agent_names(spec)), eval_worlds(spec, cfg)
     evals = {w: read_scores(world_dirs(run_dir, w)[1], names, set(spec.objectives)) for w in worlds}
     h = experiment_headline(
-        evals, worlds[0], cfg.data.train_objectives, spec.se_bar, spec.peak_ratio_bar, spec.name
-    )
+        evals, worlds[0], cfg.data.train_objectives, spec.se_bar, spec.peak_ratio_bar, spec.name,
+        list(spec.agents), spec.roles, spec.above,
+    )  # fmt: skip
     pending = [str(s) for s in stage_status(spec, cfg, run_dir) if not s.finished]
     h["complete"], h["pending"] = not pending, pending
-    curves = {r.label: read_curve(r.dir) for r in arm_runs(spec, run_dir) if r.trainer == "ppo"}
+    curves = {r.label: read_curve(r.dir) for r in arm_runs(spec, run_dir) if r.rl}
     h["curves"] = curves
     walls = StageWalls(run_dir)
     h["walls"], h["cpus"] = walls.read(), walls.cpus()

@@ -1,22 +1,37 @@
-"""An experiment's settings: which arms train with which seeds, on what profile, evaluated on
-which worlds at which N, and the bars its claims are held to. Read from a YAML file beside the
-profiles (`data/experiments/<name>.yaml`, each value commented with why), never from code.
+"""An experiment's settings: its warm starts, its arms (each a trainer, a memory policy, config
+overrides and training seeds), the agents it evaluates on which worlds at which N, and the bars
+its claims are held to. Read from a YAML file beside the profiles (`data/experiments/<name>.yaml`,
+each value commented with why), never from code: a new variant is a new line in a file.
 
     profile: smol                 # the config profile every stage starts from
     set: {ppo.iterations: 16}     # config overrides over the profile (section.field: value)
-    arms: {mem1-ppo: [0, 1], full-ppo: [0, 1], mem1-sft: [0]}   # arm -> training seeds
+    warm_starts:                  # named warm starts beside the plain one (optional)
+      upto4: {set: {sft.warm_start_objectives: [1, 2, 3, 4]}}
+    arms:                         # arm -> trainer, memory policy, overrides, warm start, seeds
+      mem1-ppo: {trainer: ppo, memory: mem1, seeds: [0, 1, 2]}
+      full-ppo: {trainer: ppo, memory: full, seeds: [0, 1, 2]}
+      mem1-sft: {trainer: sft, memory: mem1, seeds: [0]}
+      mem1-ppo-upto4: {trainer: ppo, memory: mem1, warm_start: upto4, seeds: [0, 1]}
     eval: {worlds: [4242], objectives: [1, 2, 4, 8, 16], objectives_per_n: 128,
-           agents: [warm-start, mem1-ppo, full-ppo, mem1-sft], teacher: false}
+           agents: [warm-start, mem1-ppo, full-ppo, mem1-sft, truncate-ppo],
+           plays: {truncate-ppo: {arm: full-ppo, memory: truncate}}, teacher: false}
     curve: {objectives: [8], points: 4}   # the PPO arms' held-out learning curves
-    claims: {se: 2.0, peak_ratio: 0.3}
+    claims: {se: 2.0, peak_ratio: 0.3, mem1: mem1-ppo, full: full-ppo, sft: mem1-sft,
+             above: [{a: mem1-ppo-upto4, b: mem1-ppo, objectives: [4, 8]}]}
     ray: false
+
+An arm's config is the profile, the experiment's `set:`, its warm start's `set:`, its trainer's
+defaults (`mem1 train grpo`'s group of 4), its own `set:`, then its memory policy and seed. The
+agents an experiment evaluates are named: `warm-start` (the plain warm start, under MEM1's
+memory), `warm-start-<name>` (a named one), an arm (its policy under its memory, one agent per
+seed), or an entry of `eval.plays` (an arm's policy under another memory).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,20 +40,70 @@ import yaml
 EXPERIMENTS_DIR = Path(__file__).resolve().parents[2] / "data" / "experiments"
 """The repository's `data/experiments/` (overridden by the `MEM1_EXPERIMENTS` variable)."""
 
-ARMS: dict[str, tuple[str, str]] = {
-    "mem1-ppo": ("ppo", "mem1"),
-    "full-ppo": ("ppo", "full"),
-    "mem1-sft": ("sft", "mem1"),
-}
-"""The trained arms, by the pipeline's agent names: arm -> (trainer, memory policy)."""
+TRAINERS = ("ppo", "grpo", "sft")
+"""How an arm trains from its warm start: PPO (GAE, a critic), GRPO (group-relative, no critic;
+`mem1 train grpo`'s defaults) or SFT on the teacher's trajectories at the training N."""
+PLAIN = "plain"
+"""The warm start every arm starts from unless it names another: the profile's."""
+WARM_START_AGENT = "warm-start"
+"""The plain warm start's agent name; a named warm start's is `warm-start-<name>`."""
+WARM_START_MEMORY = "mem1"
+"""The memory policy a warm start is evaluated under (it learnt MEM1's format)."""
 
-AGENTS = ("warm-start", "mem1-ppo", "full-ppo", "truncate-ppo", "mem1-sft")
-"""The agents an experiment can evaluate: the warm start, each arm's policy, and the
-full-context arm's policy with its context cut to the last turns (`truncate-ppo`)."""
+LEGACY_ARMS = {"mem1-ppo": ("ppo", "mem1"), "full-ppo": ("ppo", "full"),
+               "mem1-sft": ("sft", "mem1")}  # fmt: skip
+"""What a run record written before arms were data meant by its arm names (its `arms:` was
+arm -> seeds); read only from such a record (`ExperimentSpec.from_dict`)."""
+LEGACY_PLAYS = {"truncate-ppo": ("full-ppo", "truncate")}
+"""Likewise its one agent that played an arm under another memory."""
 
-AGENT_ARM = {"mem1-ppo": "mem1-ppo", "full-ppo": "full-ppo", "truncate-ppo": "full-ppo",
-             "mem1-sft": "mem1-sft"}  # fmt: skip
-"""The arm whose policy an agent plays (the warm start's is no arm's)."""
+
+@dataclass(frozen=True)
+class WarmStart:
+    """A named warm start: the plain one's config with `overrides` (its file's `set:`)."""
+
+    overrides: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm: how it trains, under which memory policy, from which warm start, with which
+    config overrides, under which training seeds (`model.seed`)."""
+
+    trainer: str
+    memory: str
+    seeds: tuple[int, ...]
+    overrides: tuple[str, ...] = ()
+    """`section.field=value` over the experiment's (and its warm start's) settings."""
+    warm_start: str = PLAIN
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"trainer": self.trainer, "memory": self.memory, "seeds": list(self.seeds),
+                "set": list(self.overrides), "warm_start": self.warm_start}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Play:
+    """An evaluated agent that plays arm `arm`'s policy under memory policy `memory` (the
+    full-context arm's policy with its context cut to the last turns, for one)."""
+
+    arm: str
+    memory: str
+
+
+@dataclass(frozen=True)
+class Above:
+    """A claim of the file's own: agent `a` above agent `b` in EM at each N of `objectives`."""
+
+    a: str
+    b: str
+    objectives: tuple[int, ...]
+
+
+CLAIM_ROLES = {"mem1": "mem1-ppo", "full": "full-ppo", "sft": "mem1-sft",
+               "start": WARM_START_AGENT}  # fmt: skip
+"""The paper's claims' agents by role (defaults): MEM1 trained by RL, the full-context agent,
+the SFT agent and MEM1's start (mem1_core.experiment.headline.claims_for)."""
 
 
 @dataclass(frozen=True)
@@ -51,16 +116,20 @@ class ExperimentSpec:
     """The config profile every stage starts from."""
     overrides: tuple[str, ...] = ()
     """`section.field=value` over the profile, from the file's `set:` mapping."""
-    arms: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    """Arm -> its training seeds (`model.seed` of each arm run; the warm start trains once)."""
+    arms: dict[str, Arm] = field(default_factory=dict)
+    """Arm name -> the arm (its trainer, memory, overrides, warm start, seeds)."""
+    warm_starts: dict[str, WarmStart] = field(default_factory=dict)
+    """Named warm starts beside the plain one (PLAIN), each with its overrides."""
+    plays: dict[str, Play] = field(default_factory=dict)
+    """Agent name -> an arm's policy played under another memory policy."""
     worlds: tuple[int, ...] = ()
     """Held-out world seeds no stage trained on, evaluated beside the run's own test split."""
     objectives: tuple[int, ...] = (1, 2, 4, 8, 16)
     """The N of the final evaluation."""
     objectives_per_n: int = 128
     """Objectives per N of the final evaluation: ceil(this / N) test tasks."""
-    agents: tuple[str, ...] = ("warm-start", "mem1-ppo", "full-ppo", "mem1-sft")
-    """The agents evaluated (AGENTS); each trained arm's under each of its seeds."""
+    agents: tuple[str, ...] = (WARM_START_AGENT, "mem1-ppo", "full-ppo", "mem1-sft")
+    """The agents evaluated (see the module's docstring); each arm's under each of its seeds."""
     teacher: bool = False
     """Also evaluate the scripted teacher (perfect play, under MEM1 and the full context)."""
     eval_overrides: tuple[str, ...] = ()
@@ -74,57 +143,176 @@ class ExperimentSpec:
     """A difference claim holds where it exceeds this many of its (paired) standard errors."""
     peak_ratio_bar: float = 0.3
     """MEM1's peak tokens relative to the full context's hold at or under this (paper: 0.27)."""
+    roles: dict[str, str] = field(default_factory=lambda: dict(CLAIM_ROLES))
+    """The paper's claims' agents by role (CLAIM_ROLES); a claim whose agents the experiment
+    does not evaluate is left out."""
+    above: tuple[Above, ...] = ()
+    """The file's own claims: an agent above another at some N (a lever above the paper's
+    setting)."""
+    effects: tuple[Above, ...] = ()
+    """Differences the experiment measures and reports (per seed and pooled, ± paired SE)
+    without claiming them: a lever's effect against the paper's setting, on fewer seeds than a
+    claim needs. They are no part of the claims' family (no verdict, no correction)."""
     ray: bool = False
     """Train the PPO arms on Ray actors (a cluster); False: in the flow's own process."""
 
     def __post_init__(self) -> None:
-        unknown = set(self.arms) - set(ARMS)
-        if unknown:
+        from mem1_core.config.sections import MEMORIES
+
+        where = f"experiment {self.name}"
+        if not self.arms or not any(a.seeds for a in self.arms.values()):
+            raise ValueError(f"{where}: give at least one arm with a seed")
+        if PLAIN in self.warm_starts:
             raise ValueError(
-                f"experiment {self.name}: arms {sorted(unknown)} unknown; known: {list(ARMS)}"
+                f"{where}: warm start {PLAIN!r} is the profile's; name yours otherwise"
             )
-        if not any(s for s in self.arms.values()):
-            raise ValueError(f"experiment {self.name}: give at least one arm with a seed")
-        bad = set(self.agents) - set(AGENTS)
+        for name, arm in self.arms.items():
+            if arm.trainer not in TRAINERS:
+                raise ValueError(
+                    f"{where}: arm {name} has trainer {arm.trainer!r}; use one of {list(TRAINERS)}"
+                )
+            if arm.memory not in MEMORIES:
+                raise ValueError(
+                    f"{where}: arm {name} has memory {arm.memory!r}; use one of {list(MEMORIES)}"
+                )
+            if arm.warm_start != PLAIN and arm.warm_start not in self.warm_starts:
+                raise ValueError(
+                    f"{where}: arm {name} starts from warm start {arm.warm_start!r}, which "
+                    f"`warm_starts:` does not declare (declared: {list(self.warm_starts)})"
+                )
+        dirs: dict[str, str] = {}
+        for name, arm in self.arms.items():
+            other = dirs.setdefault(arm_subdir(name, arm), name)
+            if other != name:
+                raise ValueError(
+                    f"{where}: arms {other} and {name} train the same thing (trainer, memory, "
+                    "no `set:`, the plain warm start): keep one"
+                )
+        for name, play in self.plays.items():
+            if name in self.arms or name in self.warm_start_agents():
+                raise ValueError(
+                    f"{where}: eval.plays {name} is also an arm's or warm start's name"
+                )
+            if play.arm not in self.arms:
+                raise ValueError(
+                    f"{where}: eval.plays {name} plays arm {play.arm!r}, which the experiment "
+                    f"does not train (arms: {list(self.arms)})"
+                )
+            if play.memory not in MEMORIES:
+                raise ValueError(
+                    f"{where}: eval.plays {name} has memory {play.memory!r}; use one of "
+                    f"{list(MEMORIES)}"
+                )
+        known = [*self.warm_start_agents(), *self.arms, *self.plays]
+        bad = [a for a in self.agents if a not in known]
         if bad:
             raise ValueError(
-                f"experiment {self.name}: agents {sorted(bad)} unknown; known: {list(AGENTS)}"
+                f"{where}: agents {bad} are no warm start, arm or eval.plays entry of the "
+                f"experiment (known: {known}); add the arm or drop the agent"
             )
-        untrained = {a for a in self.agents if a in AGENT_ARM and AGENT_ARM[a] not in self.arms}
-        if untrained:
+        for c in (*self.above, *self.effects):
+            missing = [x for x in (c.a, c.b) if x not in self.agents]
+            if missing or not c.objectives:
+                raise ValueError(
+                    f"{where}: claims.above {c.a} over {c.b} needs both among eval.agents "
+                    f"(missing {missing}) and at least one N"
+                )
+        unknown_roles = set(self.roles) - set(CLAIM_ROLES)
+        if unknown_roles:
             raise ValueError(
-                f"experiment {self.name}: agents {sorted(untrained)} play an arm the experiment "
-                f"does not train (arms: {list(self.arms)}); add the arm or drop the agent"
+                f"{where}: claims roles {sorted(unknown_roles)} unknown; known: {list(CLAIM_ROLES)}"
             )
         if self.objectives_per_n < 1 or not self.objectives or min(self.objectives) < 1:
-            raise ValueError(
-                f"experiment {self.name}: objectives and objectives_per_n must be >= 1"
-            )
+            raise ValueError(f"{where}: objectives and objectives_per_n must be >= 1")
 
-    def seeds(self, agent: str) -> tuple[int, ...]:
-        """The training seeds an agent is evaluated under (the warm start: one, None)."""
-        return self.arms[AGENT_ARM[agent]] if agent in AGENT_ARM else (None,)
+    def warm_start_agents(self) -> dict[str, str]:
+        """Agent name -> warm start name (`warm-start` -> PLAIN)."""
+        return {WARM_START_AGENT: PLAIN, **{f"{WARM_START_AGENT}-{w}": w for w in self.warm_starts}}
+
+    def agent_arm(self, agent: str) -> str | None:
+        """The arm whose policy an agent plays (None: a warm start's)."""
+        if agent in self.arms:
+            return agent
+        return self.plays[agent].arm if agent in self.plays else None
+
+    def agent_memory(self, agent: str) -> str:
+        """The memory policy an agent plays under."""
+        if agent in self.plays:
+            return self.plays[agent].memory
+        return self.arms[agent].memory if agent in self.arms else WARM_START_MEMORY
+
+    def seeds(self, agent: str) -> tuple[int | None, ...]:
+        """The training seeds an agent is evaluated under (a warm start: one, None)."""
+        arm = self.agent_arm(agent)
+        return (None,) if arm is None else self.arms[arm].seeds
+
+    def used_warm_starts(self) -> list[str]:
+        """The warm starts a run trains: the plain one, then each an arm or agent needs."""
+        wanted = {a.warm_start for a in self.arms.values()}
+        wanted |= {
+            self.warm_start_agents()[a] for a in self.agents if a in self.warm_start_agents()
+        }
+        return [PLAIN, *(w for w in self.warm_starts if w in wanted)]
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name, "profile": self.profile, "overrides": list(self.overrides),
-            "arms": {a: list(s) for a, s in self.arms.items()}, "worlds": list(self.worlds),
+            "arms": {a: arm.to_dict() for a, arm in self.arms.items()},
+            "warm_starts": {w: {"set": list(ws.overrides)} for w, ws in self.warm_starts.items()},
+            "plays": {p: {"arm": x.arm, "memory": x.memory} for p, x in self.plays.items()},
+            "worlds": list(self.worlds),
             "objectives": list(self.objectives), "objectives_per_n": self.objectives_per_n,
             "agents": list(self.agents), "teacher": self.teacher,
             "eval_overrides": list(self.eval_overrides),
             "curve_objectives": list(self.curve_objectives), "curve_points": self.curve_points,
-            "se_bar": self.se_bar, "peak_ratio_bar": self.peak_ratio_bar, "ray": self.ray,
+            "se_bar": self.se_bar, "peak_ratio_bar": self.peak_ratio_bar,
+            "roles": dict(self.roles),
+            "above": [{"a": c.a, "b": c.b, "objectives": list(c.objectives)} for c in self.above],
+            "effects": [{"a": c.a, "b": c.b, "objectives": list(c.objectives)}
+                        for c in self.effects],
+            "ray": self.ray,
         }  # fmt: skip
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ExperimentSpec:
-        """The spec `to_dict` wrote (a run's experiment.json)."""
+        """The spec `to_dict` wrote (a run's experiment.json), or one a run recorded before
+        arms were data (arm -> seeds, by the LEGACY_ARMS names)."""
         tuples = ("overrides", "worlds", "objectives", "agents", "eval_overrides",
                   "curve_objectives")  # fmt: skip
+        arms, plays = {}, {p: Play(**x) for p, x in (d.get("plays") or {}).items()}
+        for a, v in d["arms"].items():
+            if isinstance(v, dict):
+                arms[a] = Arm(v["trainer"], v["memory"], tuple(v["seeds"]), tuple(v.get("set", ())),
+                              v.get("warm_start", PLAIN))  # fmt: skip
+            else:
+                arms[a] = Arm(*LEGACY_ARMS[a], seeds=tuple(v))
+        for p, (arm, memory) in LEGACY_PLAYS.items():
+            if p in d.get("agents", ()) and p not in plays:
+                plays[p] = Play(arm, memory)
         return cls(**{
             **d, **{k: tuple(d[k]) for k in tuples if k in d},
-            "arms": {a: tuple(s) for a, s in d["arms"].items()},
+            "arms": arms, "plays": plays,
+            "warm_starts": {w: WarmStart(tuple(x.get("set", ())))
+                            for w, x in (d.get("warm_starts") or {}).items()},
+            **{k: tuple(Above(c["a"], c["b"], tuple(c["objectives"])) for c in d.get(k, ()))
+               for k in ("above", "effects")},
         })  # fmt: skip
+
+
+def arm_subdir(name: str, arm: Arm) -> str:
+    """An arm's directory under the run: `<trainer>_<memory>` (ppo_mem1, ppo_full, sft_mem1,
+    the pipeline's stage names) for an arm that is only its trainer and memory from the plain
+    warm start, so that runs made before arms were data resume; `arm_<name>` for any other."""
+    if not arm.overrides and arm.warm_start == PLAIN:
+        return f"{arm.trainer}_{arm.memory}"
+    return f"arm_{name}"
+
+
+def warm_start_subdir(name: str) -> str:
+    """A warm start's directory under the run: `warm_start` (the plain one), `warm_start_<name>`."""
+    from mem1_core.runs.layout import WARM_START
+
+    return WARM_START if name == PLAIN else f"{WARM_START}_{name}"
 
 
 def experiments_dir() -> Path:
@@ -145,8 +333,10 @@ def experiment_path(name_or_path: str) -> Path:
     return found
 
 
-_KEYS = {"profile", "set", "arms", "eval", "curve", "claims", "ray"}
-_EVAL_KEYS = {"worlds", "objectives", "objectives_per_n", "agents", "teacher", "set"}
+_KEYS = {"profile", "set", "warm_starts", "arms", "eval", "curve", "claims", "ray"}
+_EVAL_KEYS = {"worlds", "objectives", "objectives_per_n", "agents", "plays", "teacher", "set"}
+_ARM_KEYS = {"trainer", "memory", "seeds", "set", "warm_start"}
+_CLAIM_KEYS = {"se", "peak_ratio", "above", "effects", *CLAIM_ROLES}
 
 
 def _setting(key: str, value: Any) -> str:
@@ -154,9 +344,39 @@ def _setting(key: str, value: Any) -> str:
     return f"{key}={json.dumps(value)}"
 
 
+def _settings(where: str, raw: Any) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: `set:` is a mapping of section.field: value")
+    return tuple(_setting(k, v) for k, v in raw.items())
+
+
+def _unknown(where: str, got: Any, allowed: set[str]) -> None:
+    extra = set(got) - allowed
+    if extra:
+        raise ValueError(f"{where}: unknown keys {sorted(extra)}; known: {sorted(allowed)}")
+
+
+def _arm(path: Path, name: str, raw: Any) -> Arm:
+    where = f"{path}: arm {name}"
+    if not isinstance(raw, dict) or not {"trainer", "memory", "seeds"} <= set(raw):
+        raise ValueError(
+            f"{where}: write it as {{trainer: ppo|grpo|sft, memory: mem1|full|..., seeds: [0, 1]}} "
+            f"(optional `set:` and `warm_start:`), not {raw!r}"
+        )
+    _unknown(where, raw, _ARM_KEYS)
+    return Arm(
+        trainer=str(raw["trainer"]), memory=str(raw["memory"]),
+        seeds=tuple(int(s) for s in raw["seeds"]),
+        overrides=_settings(where, raw.get("set")),
+        warm_start=str(raw.get("warm_start", PLAIN)),
+    )  # fmt: skip
+
+
 SPEC_PREFIX = "experiment."
 """An override of the experiment file itself, not of the config: `experiment.eval.worlds=[7]`,
-`experiment.arms.mem1-ppo=[0,1,2]`."""
+`experiment.arms.mem1-ppo.seeds=[0,1,2]`."""
 
 
 def _apply_spec_overrides(raw: dict, overrides: list[str]) -> None:
@@ -184,34 +404,66 @@ def load_experiment(name_or_path: str, overrides: list[str] | None = None) -> Ex
     own = [o for o in overrides or [] if o.startswith(SPEC_PREFIX)]
     overrides = [o for o in overrides or [] if not o.startswith(SPEC_PREFIX)]
     _apply_spec_overrides(raw, own)
-    for where, keys, allowed in (("", raw, _KEYS), ("eval.", raw.get("eval") or {}, _EVAL_KEYS)):
+    ev, curve, claims = raw.get("eval") or {}, raw.get("curve") or {}, raw.get("claims") or {}
+    for where, keys, allowed in (("", raw, _KEYS), ("eval.", ev, _EVAL_KEYS),
+                                 ("claims.", claims, _CLAIM_KEYS)):  # fmt: skip
         extra = set(keys) - allowed
         if extra:
             raise ValueError(
                 f"{path}: unknown keys {sorted(where + k for k in extra)}; known: {sorted(allowed)}"
             )
-    ev, curve, claims = raw.get("eval") or {}, raw.get("curve") or {}, raw.get("claims") or {}
-    spec = ExperimentSpec(
+    arms = {str(a): _arm(path, str(a), v) for a, v in (raw.get("arms") or {}).items()}
+    warm_starts = {}
+    for w, v in (raw.get("warm_starts") or {}).items():
+        if not isinstance(v, dict):
+            raise ValueError(f"{path}: warm start {w}: write {{set: {{section.field: value}}}}")
+        _unknown(f"{path}: warm start {w}", v, {"set"})
+        warm_starts[str(w)] = WarmStart(_settings(f"{path}: warm start {w}", v.get("set")))
+    plays = {}
+    for p, v in (ev.get("plays") or {}).items():
+        if not isinstance(v, dict) or set(v) != {"arm", "memory"}:
+            raise ValueError(f"{path}: eval.plays {p}: write {{arm: ARM, memory: MEMORY}}")
+        plays[str(p)] = Play(str(v["arm"]), str(v["memory"]))
+    pairs: dict[str, list[Above]] = {"above": [], "effects": []}
+    for key, out in pairs.items():
+        for c in claims.get(key) or ():
+            if not isinstance(c, dict) or set(c) != {"a", "b", "objectives"}:
+                raise ValueError(
+                    f"{path}: claims.{key}: write {{a: AGENT, b: AGENT, objectives: [N]}}"
+                )
+            out.append(Above(str(c["a"]), str(c["b"]), tuple(int(n) for n in c["objectives"])))
+    return ExperimentSpec(
         name=path.stem,
         profile=str(raw["profile"]),
-        overrides=(
-            *(_setting(k, v) for k, v in (raw.get("set") or {}).items()),
-            *(overrides or []),
-        ),
-        arms={str(a): tuple(int(s) for s in seeds) for a, seeds in (raw.get("arms") or {}).items()},
+        overrides=(*_settings(str(path), raw.get("set")), *overrides),
+        arms=arms,
+        warm_starts=warm_starts,
+        plays=plays,
         worlds=tuple(int(w) for w in ev.get("worlds", ())),
         objectives=tuple(int(n) for n in ev.get("objectives", (1, 2, 4, 8, 16))),
         objectives_per_n=int(ev.get("objectives_per_n", 128)),
-        agents=tuple(ev.get("agents", ("warm-start", "mem1-ppo", "full-ppo", "mem1-sft"))),
+        agents=tuple(str(a) for a in ev.get("agents", (WARM_START_AGENT, *arms))),
         teacher=bool(ev.get("teacher", False)),
-        eval_overrides=tuple(_setting(k, v) for k, v in (ev.get("set") or {}).items()),
+        eval_overrides=_settings(f"{path}: eval", ev.get("set")),
         curve_objectives=tuple(int(n) for n in curve.get("objectives", (8,))),
         curve_points=int(curve.get("points", 4)),
         se_bar=float(claims.get("se", 2.0)),
         peak_ratio_bar=float(claims.get("peak_ratio", 0.3)),
+        roles={r: str(claims.get(r, a)) for r, a in CLAIM_ROLES.items()},
+        above=tuple(pairs["above"]),
+        effects=tuple(pairs["effects"]),
         ray=bool(raw.get("ray", False)),
     )
-    return spec
+
+
+def _curve(spec: ExperimentSpec, overrides: list[str]) -> list[str]:
+    """The held-out curve's cadence: `curve_points` over the iterations those overrides give,
+    at the training N and `curve_objectives`."""
+    from mem1_core.config import load_config
+
+    first = load_config(spec.profile, None, list(overrides))
+    every = max(1, first.ppo.iterations // max(spec.curve_points, 1))
+    return [f"ppo.eval_every={every}", f"ppo.eval_objectives={list(spec.curve_objectives)}"]
 
 
 def base_config(spec: ExperimentSpec):
@@ -220,26 +472,54 @@ def base_config(spec: ExperimentSpec):
     then the experiment's settings, which win."""
     from mem1_core.config import load_config
 
-    first = load_config(spec.profile, None, list(spec.overrides))
-    every = max(1, first.ppo.iterations // max(spec.curve_points, 1))
-    curve = [f"ppo.eval_every={every}", f"ppo.eval_objectives={list(spec.curve_objectives)}"]
-    return load_config(spec.profile, None, [*curve, *spec.overrides])
+    return load_config(spec.profile, None, [*_curve(spec, spec.overrides), *spec.overrides])
+
+
+def warm_start_config(spec: ExperimentSpec, name: str = PLAIN):
+    """A warm start's config: the experiment's, then the named warm start's settings."""
+    from mem1_core.config import load_config
+
+    if name == PLAIN:
+        return base_config(spec)
+    if name not in spec.warm_starts:
+        raise ValueError(
+            f"experiment {spec.name}: no warm start {name!r} ({list(spec.warm_starts)})"
+        )
+    more = [*spec.overrides, *spec.warm_starts[name].overrides]
+    return load_config(spec.profile, None, [*_curve(spec, more), *more])
+
+
+def arm_overrides(spec: ExperimentSpec, arm: str) -> list[str]:
+    """An arm's settings over the profile, in order: the experiment's, its warm start's, its
+    trainer's defaults, its own."""
+    from mem1_core.config.training import TRAINER_DEFAULTS
+
+    if arm not in spec.arms:
+        raise ValueError(f"experiment {spec.name}: no arm {arm!r}; its arms are {list(spec.arms)}")
+    a = spec.arms[arm]
+    ws = spec.warm_starts[a.warm_start].overrides if a.warm_start != PLAIN else ()
+    return [*spec.overrides, *ws, *TRAINER_DEFAULTS.get(a.trainer, ()), *a.overrides]
 
 
 def arm_config(spec: ExperimentSpec, arm: str, seed: int):
-    """An arm run's config: the experiment's, its memory policy, `model.seed` its seed."""
-    from dataclasses import replace
+    """An arm run's config: its settings (arm_overrides), the curve's cadence over its own
+    iterations, its memory policy, `model.seed` its seed."""
+    from mem1_core.config import load_config
 
-    cfg = base_config(spec)
-    memory = ARMS[arm][1]
+    more = arm_overrides(spec, arm)
+    cfg = load_config(spec.profile, None, [*_curve(spec, more), *more])
     return replace(
-        cfg, model=replace(cfg.model, seed=seed), rollout=replace(cfg.rollout, memory=memory)
+        cfg,
+        model=replace(cfg.model, seed=seed),
+        rollout=replace(cfg.rollout, memory=spec.arms[arm].memory),
     )
 
 
-def eval_config(spec: ExperimentSpec, world: int):
+def eval_config(spec: ExperimentSpec, world: int, agent: str | None = None):
     """The final evaluation's config on world `world` (its seed), at the experiment's N and
-    objectives per N, with the evaluation's own settings (`eval.set:`) last."""
+    objectives per N, with the evaluation's own settings (`eval.set:`) last. With `agent`,
+    the settings of how it plays (the `rollout.` ones of its arm and warm start: a prompt it
+    was trained with) come before the evaluation's own."""
     from mem1_core.config import load_config
 
     cfg = base_config(spec)
@@ -248,6 +528,7 @@ def eval_config(spec: ExperimentSpec, world: int):
         None,
         [
             *spec.overrides,
+            *(agent_play_overrides(spec, agent) if agent else ()),
             f"ppo.eval_every={cfg.ppo.eval_every}",
             f"ppo.eval_objectives={list(cfg.ppo.eval_objectives)}",
             f"world.seed={world}",
@@ -256,3 +537,22 @@ def eval_config(spec: ExperimentSpec, world: int):
             *spec.eval_overrides,
         ],
     )
+
+
+PLAY_SECTIONS = ("rollout.",)
+"""The settings of an arm that say how its agent plays (not only how it trains): its
+evaluation plays under them too."""
+
+
+def agent_play_overrides(spec: ExperimentSpec, agent: str) -> list[str]:
+    """The `rollout.` settings an agent plays under beyond the experiment's: its warm start's
+    and its arm's (empty for the paper's arms)."""
+    arm = spec.agent_arm(agent)
+    if arm is not None:
+        a = spec.arms[arm]
+        items = [*(spec.warm_starts[a.warm_start].overrides if a.warm_start != PLAIN else ()),
+                 *a.overrides]  # fmt: skip
+    else:
+        ws = spec.warm_start_agents().get(agent, PLAIN)
+        items = list(spec.warm_starts[ws].overrides) if ws != PLAIN else []
+    return [o for o in items if o.startswith(PLAY_SECTIONS)]

@@ -38,6 +38,8 @@ from mem1_core.data.prompts import (
     QUERY_CLOSE,
     QUERY_OPEN,
     TAGS,
+    keep_answers_prompt,
+    progress_hint,
     turns_left_hint,
 )
 from mem1_core.evaluation.metrics import score_answer
@@ -94,8 +96,12 @@ class QAEnvironment:
         codec: TagCodec | None = None,
         *,
         chat_template: bool = False,
+        keep_answers_prompt: bool = False,
+        progress_hint: bool = False,
     ):
         self.tok = tokenizer
+        self.keep_answers_prompt = keep_answers_prompt
+        self.progress_hint = progress_hint
         self.retriever = retriever
         self.topk = topk
         if chat_template and not getattr(tokenizer, "chat_template", None):
@@ -143,8 +149,17 @@ class QAEnvironment:
             return Parsed(Action.INVALID, error="empty query")
         return Parsed(action, text=text)
 
-    def info_block(self, body: str, turns_left: int) -> str:
-        return f"{INFO_OPEN}{body}\n{turns_left_hint(turns_left)}{INFO_CLOSE}"
+    def info_block(
+        self, body: str, turns_left: int, progress: tuple[int, int] | None = None
+    ) -> str:
+        """An `<info>` block: the body, then one hint line (turns left; with `progress`, the
+        task's N and its questions still without an answer in the results: progress_hint)."""
+        hint = (
+            turns_left_hint(turns_left)
+            if progress is None
+            else progress_hint(turns_left, *progress)
+        )
+        return f"{INFO_OPEN}{body}\n{hint}{INFO_CLOSE}"
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False)
@@ -153,7 +168,10 @@ class QAEnvironment:
         """The task prompt's ids: the raw text, or (`chat_template`) the prompt as the user's
         message and the assistant's turn opened, as an instruction-tuned model was trained to
         read. Everything after it (turns, `<info>` blocks) continues the assistant's message,
-        as in Search-R1 and MEM1's rollouts."""
+        as in Search-R1 and MEM1's rollouts. With `keep_answers_prompt`, the instructions that ask
+        the `<IS>` to keep found answers replace the paper's."""
+        if self.keep_answers_prompt:
+            prompt = keep_answers_prompt(prompt)
         if not self.chat_template:
             return self.encode(prompt)
         ids = self.tok.apply_chat_template(
@@ -182,4 +200,6 @@ def make_env(
         retriever or make_retriever(cfg, paths),
         cfg.retrieval.topk,
         chat_template=cfg.rollout.chat_template,
+        keep_answers_prompt=cfg.rollout.keep_answers_prompt,
+        progress_hint=cfg.rollout.progress_hint,
     )

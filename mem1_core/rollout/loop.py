@@ -19,7 +19,8 @@ import torch
 from tqdm.auto import tqdm
 
 from mem1_core.config import RolloutConfig
-from mem1_core.rollout.env import FORMAT_HINT, QAEnvironment, format_passages
+from mem1_core.evaluation.metrics import mentions
+from mem1_core.rollout.env import FORMAT_HINT, QAEnvironment, format_passages, info_body
 from mem1_core.rollout.generation import GenerationBackend, SamplingParams, TurnCache
 from mem1_core.rollout.memory import get_memory, has_recall
 from mem1_core.rollout.recall import recall, recall_query
@@ -183,5 +184,10 @@ def _set_info(
     env: QAEnvironment, cfg: RolloutConfig, tr: Trajectory, turn: Turn, body: str
 ) -> None:
     turns_left = tr.max_turns - len(tr.turns)
-    turn.info_text = env.info_block(body, turns_left)
+    progress = None
+    if env.progress_hint:  # beyond the paper: the questions no <info> has answered yet
+        seen = [info_body(t.info_text) for t in tr.turns[:-1] if t.info_text] + [body]
+        unfound = sum(not any(mentions(x, golds) for x in seen) for golds in tr.golden_answers)
+        progress = (tr.n_objectives, unfound)
+    turn.info_text = env.info_block(body, turns_left, progress)
     turn.info_ids = env.encode(turn.info_text)

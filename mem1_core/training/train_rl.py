@@ -84,6 +84,33 @@ def select_tasks(tasks: list[Task], iteration: int, k: int, seed: int) -> list[T
     return random.Random(seed * 7919 + iteration).sample(tasks, min(k, len(tasks)))
 
 
+def iteration_objectives(
+    iteration: int, iterations: int, curriculum: tuple[int, ...], mixture: bool
+) -> tuple[int, ...]:
+    """The N iteration `iteration` (0-based, of `iterations`) trains on under `curriculum`
+    (ppo.curriculum): all of them in a mixture; stagewise, the stage's one N, the iterations
+    split into len(curriculum) consecutive stages whose lengths differ by at most one (the
+    first ones longer)."""
+    if not curriculum:
+        raise ValueError("no curriculum: the run trains on data.train_objectives")
+    if mixture:
+        return tuple(curriculum)
+    stages = len(curriculum)
+    base, extra = divmod(iterations, stages)
+    end = 0
+    for k in range(stages):
+        end += base + (k < extra)
+        if iteration < end:
+            return (curriculum[k],)
+    return (curriculum[-1],)
+
+
+def split_evenly(total: int, parts: int) -> list[int]:
+    """`total` as `parts` counts that differ by at most one, the first ones larger."""
+    base, extra = divmod(total, parts)
+    return [base + (k < extra) for k in range(parts)]
+
+
 def _clean(record: dict[str, Any]) -> dict[str, Any]:
     # JSON has no NaN: an undefined statistic (e.g. explained variance of constant returns)
     # is written as null.
@@ -323,6 +350,8 @@ def train_rl(
     adopt_init_tokenizer(cfg, paths, init_dir)
     prepare(cfg, out)
     train_tasks = load_tasks(cfg, paths, "train", cfg.data.train_objectives)
+    curriculum = tuple(cfg.ppo.curriculum)
+    by_n = {n: load_tasks(cfg, paths, "train", n) for n in curriculum}
     eval_tasks = load_tasks(cfg, paths, "test", cfg.data.train_objectives)
     more_evals = {
         n: load_tasks(cfg, paths, "test", n)
@@ -352,6 +381,13 @@ def train_rl(
 
         def start(i: int) -> PendingRollout:  # iteration i's rollout, on the latest weights
             tasks = select_tasks(train_tasks, i, cfg.ppo.tasks_per_iteration, cfg.data.seed)
+            if curriculum:  # beyond the paper: the N of the iteration's curriculum stage
+                ns = iteration_objectives(
+                    i, cfg.ppo.iterations, curriculum, cfg.ppo.curriculum_mixture
+                )
+                k = split_evenly(cfg.ppo.tasks_per_iteration, len(ns))
+                tasks = [t for n, kn in zip(ns, k, strict=True)
+                         for t in select_tasks(by_n[n], i, kn, cfg.data.seed + 1009 * n)]  # fmt: skip
             seed = cfg.model.seed * 1_000_003 + i
             return runtime.start_rollout(
                 tasks, seed=seed, samples_per_task=cfg.ppo.samples_per_task
@@ -379,6 +415,18 @@ def train_rl(
             record = iteration_record(
                 it, trajs, stats, seconds, t_rollout, elapsed, rollout, staleness
             )
+            if curriculum:  # the N this iteration trained on, the longest trained so far
+                ns = iteration_objectives(
+                    it, cfg.ppo.iterations, curriculum, cfg.ppo.curriculum_mixture
+                )
+                record["train_objectives"] = list(ns)
+                record["horizon"] = max(
+                    n
+                    for j in range(it + 1)
+                    for n in iteration_objectives(
+                        j, cfg.ppo.iterations, curriculum, cfg.ppo.curriculum_mixture
+                    )
+                )
             if last:
                 record["stopped_by"] = "minutes" if capped else "count"
             if capped:
