@@ -386,7 +386,7 @@ def test_a_killed_stage_keeps_its_time_and_the_next_attempt_adds_it(tmp_path):
     # both attempts ran on this CPU: it is named once, beside the stage
     from mem1_core.models.compute import cpu_info
 
-    assert walls.cpus() == {"ppo-mem1 · seed 0": [cpu_info().describe()]}
+    assert walls.cpus() == {"mem1-ppo · seed 0": [cpu_info().describe()]}
 
 
 def test_a_failed_stage_counts_its_time_once(tmp_path):
