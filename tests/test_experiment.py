@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mem1_core.config import config_json
+from mem1_core.config import PPOConfig, config_json
 from mem1_core.experiment.headline import (
     POOLED,
     claims_for,
@@ -181,6 +181,27 @@ def test_a_run_directory_refuses_a_config_that_trains_differently(tmp_path):
     lr = load_experiment("smoke", ["ppo.actor_lr=3e-5", "ppo.checkpoint_every=4"])
     with pytest.raises(ValueError, match=r"other settings \(ppo.actor_lr\); give another run name"):
         check_run_dir(tmp_path, lr, base_config(lr))
+
+
+def test_a_field_added_after_a_run_began_changes_it_only_off_its_default(tmp_path):
+    """A run recorded before a config field existed resumes under code that has it, where the
+    field keeps its default (the behaviour the run trained with); set otherwise, it is a change."""
+    spec = load_experiment("smoke")
+    check_run_dir(tmp_path, spec, base_config(spec))
+    record = json.loads((tmp_path / "experiment.json").read_text())
+    # as if ppo.iterations (the smoke profile sets 2, the default is not 2) were new
+    assert base_config(spec).ppo.iterations != PPOConfig().iterations
+    del record["config"]["ppo"]["iterations"]
+    del record["config"]["teacher"]  # as if the whole section were new (smoke: all defaults)
+    (tmp_path / "experiment.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match=r"other settings \(ppo.iterations\)"):
+        check_run_dir(tmp_path, spec, base_config(spec))
+    record["config"]["ppo"]["iterations"] = base_config(spec).ppo.iterations
+    (tmp_path / "experiment.json").write_text(json.dumps(record))
+    check_run_dir(tmp_path, spec, base_config(spec))  # teacher.* all at their defaults
+    changed = load_experiment("smoke", ["teacher.error_rate=0.5"])
+    with pytest.raises(ValueError, match=r"teacher.error_rate"):
+        check_run_dir(tmp_path, changed, base_config(changed))
 
 
 def test_each_arm_and_seed_is_a_stage_and_each_agent_seed_is_evaluated(tmp_path):
