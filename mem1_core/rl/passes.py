@@ -27,7 +27,14 @@ from torch import Tensor, nn
 
 from mem1_core.config import PPOConfig
 from mem1_core.models.model import is_checkpointing
-from mem1_core.rl.batch import Models, RolloutBatch, Targets, micro_batches, select_rows
+from mem1_core.rl.batch import (
+    Models,
+    RolloutBatch,
+    Targets,
+    micro_batches,
+    minibatch_rows,
+    select_rows,
+)
 from mem1_core.rl.losses import (
     POLICY_LOSSES,
     LossAgg,
@@ -146,6 +153,8 @@ class UpdateSettings:
     """Pad flattened batches and micro-batches to a multiple of this (ModelConfig.seq_bucket)."""
     split: Split = LOCAL
     """How the passes are split over processes (an FSDP rank's RankSplit; LOCAL: none)."""
+    trajectory_mode: str = "tree"
+    """How trajectories become the learner's rows (`trajectory.mode`; mem1_core.trajectory.modes)."""
 
     @classmethod
     def of(cls, ppo: PPOConfig, attn: str, **settings: Any) -> UpdateSettings:
@@ -351,15 +360,19 @@ def ppo_epochs(
     guard: NonFiniteGuard,
     generator: torch.Generator | None = None,
 ) -> dict[str, float]:
-    """`ppo.ppo_epochs` passes over the batch's rows in shuffled minibatches (the same order
-    in every process: the same generator), each accumulated and stepped, or skipped when
-    non-finite. -> the metrics averaged over the steps taken, and the counts."""
-    ids = rb.batch.input_ids
+    """`ppo.ppo_epochs` passes over the batch in shuffled minibatches of `ppo.minibatch_size`
+    trajectories (all their rows; the same order in every process: the same generator), each
+    accumulated and stepped, or skipped when non-finite. -> the metrics averaged over the
+    steps taken, and the counts."""
+    device = rb.batch.input_ids.device
     sums: dict[str, float] = {}
     steps = skipped = 0
     for _ in range(s.ppo.ppo_epochs):
-        order = torch.randperm(ids.shape[0], generator=generator).to(ids.device)
-        for rows in order.split(s.ppo.minibatch_size):
+        order = torch.randperm(rb.num_trajectories, generator=generator).to(device)
+        for trajectories in order.split(s.ppo.minibatch_size):
+            rows = minibatch_rows(rb, trajectories)
+            if not len(rows):  # trajectories without a turn: nothing to train on
+                continue
             metrics, finite = accumulate_gradients(models, rb.batch, t, rows, s)
             done = optimizer_step(models, optimizers, s, guard, metrics, finite)
             if done is None:
