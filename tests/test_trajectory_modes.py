@@ -263,6 +263,33 @@ def test_turns_gae_is_the_recursion_across_rows_written_out(lm, trajs):
     assert len(returns) == int(rb.batch.loss_mask.sum())
 
 
+@pytest.mark.parametrize("estimator", ["gae", "grpo"])
+def test_a_trajectory_without_a_turn_has_no_row_and_the_rest_chain_as_the_tree(
+    lm, trajs, estimator
+):
+    """A trajectory that ended before its first turn: no row under turns (an empty one under
+    the tree), its score still counts in its group, and the others' advantages are the tree's."""
+    trajs = copy.deepcopy(trajs)
+    trajs[0].turns = []
+    trajs[1].turns, trajs[2].turns = trajs[1].turns[:2], trajs[2].turns[:1]
+    # 0 + 2 + 1 + 1 turns: as many rows as trajectories, yet not one row each
+    cfg = dataclasses.replace(PPO, adv_estimator=estimator)
+    models = models_for(lm, critic=estimator == "gae")
+    tree, turns = (make_rollout_batch(trajs, PAD, mode=m) for m in ("tree", "turns"))
+    assert turns.trajectory.tolist() == [1, 1, 2, 3] and not turns.one_row_each
+    settings = UpdateSettings.of(cfg, "sdpa")
+    tree_t = scored(models, tree, cfg)
+    own = scored(models, turns, cfg)
+    names = ["old_logp", "ref_logp"] + (["old_values"] if models.critic is not None else [])
+    own = dataclasses.replace(
+        own, **{n: moved(turns, by_token(tree, getattr(tree_t, n))) for n in names}
+    )
+    want, _ = estimate_advantages(tree, tree_t, settings)
+    got, _ = estimate_advantages(turns, own, settings)
+    a, b = by_token(tree, want.advantages), by_token(turns, got.advantages)
+    assert a.keys() == b.keys() and max(abs(a[k] - b[k]) for k in a) < 1e-6
+
+
 # ---- turns: the update, on every estimator and both learners -----------------------------
 
 

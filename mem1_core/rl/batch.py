@@ -52,7 +52,8 @@ class RolloutBatch:
     @property
     def one_row_each(self) -> bool:
         """Whether row k is trajectory k (the tree, the concatenation)."""
-        return self.batch.input_ids.shape[0] == self.num_trajectories
+        rows = torch.arange(self.num_trajectories, device=self.trajectory.device)
+        return self.trajectory.shape == rows.shape and bool((self.trajectory == rows).all())
 
 
 def minibatch_rows(rb: RolloutBatch, trajectories: Tensor) -> Tensor:
