@@ -19,8 +19,9 @@ How the rows of one trajectory train together (mem1_core.rl.ppo, mem1_core.rl.ba
   the same chain. (SkyRL's step-wise mode refuses GAE and REINFORCE++; here both chain.)
 - Minibatches hold whole trajectories (all their rows), so every mode takes the same
   optimiser steps over the same trajectories; micro-batches count rows.
-- Departure from the tree: under the `seq-mean-*` loss aggregations and GSPO's sequence
-  ratio a "sequence" is a row, so a turn here, as in the per-turn frameworks. Under
+- Departure from the tree: under the `seq-mean-*` loss aggregations, GSPO's sequence ratio
+  and `ppo.rollout_is=sequence` a "sequence" is a row, so a turn here, as in the per-turn
+  frameworks (SkyRL's step-wise GSPO works over one turn likewise). Under
   `token-mean` (the default, the paper's) the loss is the tree's.
 """
 
