@@ -8,7 +8,8 @@ hands its resolved values to every stage (`config_from_dict`); a stage flow run 
 builds it from the same pieces.
 
 - sections.py: world, data, retrieval, model, rollout, teacher;
-- training.py: sft, ppo (the algorithm), pretrain;
+- training.py: sft, ppo (the algorithm), trajectory (how the learner scores a pruned
+  trajectory), pretrain;
 - resources.py: resources (where RL training runs: Ray placement, learner strategy);
 - evaluation.py: eval (the evaluation's scorer);
 - run.py: `Config`, all of them;
@@ -34,7 +35,7 @@ from mem1_core.config.sections import (
     TeacherConfig,
     WorldConfig,
 )
-from mem1_core.config.training import PPOConfig, PretrainConfig, SFTConfig
+from mem1_core.config.training import PPOConfig, PretrainConfig, SFTConfig, TrajectoryConfig
 
 __all__ = [
     "MEMORIES",
@@ -50,6 +51,7 @@ __all__ = [
     "RolloutConfig",
     "SFTConfig",
     "TeacherConfig",
+    "TrajectoryConfig",
     "WorldConfig",
     "config_from_dict",
     "config_json",

@@ -102,3 +102,7 @@ KL_ESTIMATORS = Registry("KL estimator", "ppo.kl_kind", ("k1", "k2", "k3"))
 
 ROLLOUT_IS_LEVELS = Registry("rollout_is level", "ppo.rollout_is", ("token", "sequence"))
 """mem1_core.rl.rollout_correction: the levels of the truncated importance weights."""
+
+TRAJECTORY_MODES = Registry("trajectory mode", "trajectory.mode", ("tree", "turns", "concat"))
+"""mem1_core.trajectory.modes: name -> TrajectoryMode (how a trajectory becomes the learner's
+rows: the exact tree, one row per turn, or the official code's concatenation)."""

@@ -15,7 +15,7 @@ from mem1_core.config.sections import (
     TeacherConfig,
     WorldConfig,
 )
-from mem1_core.config.training import PPOConfig, PretrainConfig, SFTConfig
+from mem1_core.config.training import PPOConfig, PretrainConfig, SFTConfig, TrajectoryConfig
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ class Config(Section):
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
+    trajectory: TrajectoryConfig = field(default_factory=TrajectoryConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)

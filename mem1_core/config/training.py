@@ -13,6 +13,7 @@ from mem1_core.config.methods import (
     LOSS_AGG_MODES,
     POLICY_LOSSES,
     ROLLOUT_IS_LEVELS,
+    TRAJECTORY_MODES,
 )
 from mem1_core.config.sections import MEMORIES, Section
 
@@ -70,6 +71,24 @@ class SFTConfig(Section):
     def __post_init__(self) -> None:
         if self.eval_tasks < 0 or self.evals < 0:
             raise ValueError("sft.eval_tasks and sft.evals must be >= 0 (0 turns them off)")
+
+
+@dataclass(frozen=True)
+class TrajectoryConfig(Section):
+    """How the learner scores a trajectory whose contexts were pruned (mem1_core.trajectory.modes):
+    the same rollout feeds every mode; PPO (every estimator), GRPO and SFT, on the single and
+    the FSDP learner, honour it."""
+
+    mode: str = "tree"
+    """`tree`: every turn context in one flattened prefix tree, one exact pass (the paper's
+    masked trajectory, docs/design.md §4.2). `turns`: each turn its own row with its real
+    context, exact, every context paid in full (the per-turn samples of TRL, AReaL, SkyRL); a
+    trajectory's rows share its outcome, and GAE chains across them. `concat`: the public
+    MEM1 code's scoring, the whole trajectory as one causal sequence with global positions;
+    not exact once a turn was pruned (an ablation: what exactness buys)."""
+
+    def __post_init__(self) -> None:
+        TRAJECTORY_MODES.check(self.mode)
 
 
 GSPO_CLIP_RANGE = (3e-4, 4e-4)

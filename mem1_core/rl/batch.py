@@ -1,6 +1,9 @@
-"""What the learner's update works on: one iteration's trajectories as a flattened tree
-batch (`RolloutBatch`), the models (`Models`), the per-token targets of the PPO loss
-(`Targets`), row selection and micro-batches, and the batch's statistics before the update."""
+"""What the learner's update works on: one iteration's trajectories as the learner's rows
+(`RolloutBatch`: one flattened tree per trajectory, or, under `trajectory.mode`, one row per
+turn or the concatenation; mem1_core.trajectory.modes), the models (`Models`), the per-token
+targets of the PPO loss (`Targets`), row selection, micro-batches, the rows of a minibatch of
+trajectories, the trajectories' generated tokens in generation order (`TrajectoryTokens`,
+what the advantage estimators read), and the batch's statistics before the update."""
 
 from __future__ import annotations
 
@@ -13,8 +16,9 @@ from mem1_core.rl.advantages import kl_estimate, masked_mean
 from mem1_core.rl.critic import Critic
 from mem1_core.rl.losses import explained_variance
 from mem1_core.trajectory.mismatch import turn_logprob_mismatch
-from mem1_core.trajectory.record import Trajectory, turn_paths
-from mem1_core.trajectory.tree import FlatBatch, collate, flatten
+from mem1_core.trajectory.modes import mode_rows
+from mem1_core.trajectory.record import Trajectory
+from mem1_core.trajectory.tree import FlatBatch, collate
 
 
 @dataclass
@@ -28,15 +32,88 @@ class Models:
 
 @dataclass(frozen=True)
 class RolloutBatch:
-    """One iteration's trajectories as flattened trees (B rows, L tokens)."""
+    """One iteration's K trajectories as the learner's rows (B rows, L tokens): one flattened
+    tree per trajectory (B = K) unless `trajectory.mode` says otherwise."""
 
     batch: FlatBatch
     scores: Tensor
-    """(B,) task reward of each trajectory: EM as a fraction of its objectives."""
+    """(K,) task reward of each trajectory: EM as a fraction of its objectives."""
     group_ids: Tensor
-    """(B,) task group (GRPO: the samples of one task share it)."""
+    """(K,) task group (GRPO: the samples of one task share it)."""
     rollout_logp: Tensor
     """(B, L) log-probs the rollout recorded, at generated tokens; 0 elsewhere."""
+    trajectory: Tensor
+    """(B,) long trajectory of each row; a trajectory's rows are consecutive, in turn order."""
+
+    @property
+    def num_trajectories(self) -> int:
+        return int(self.scores.shape[0])
+
+    @property
+    def one_row_each(self) -> bool:
+        """Whether row k is trajectory k (the tree, the concatenation)."""
+        rows = torch.arange(self.num_trajectories, device=self.trajectory.device)
+        return self.trajectory.shape == rows.shape and bool((self.trajectory == rows).all())
+
+
+def minibatch_rows(rb: RolloutBatch, trajectories: Tensor) -> Tensor:
+    """The rows of `trajectories` (indices into the batch's K), in their order: a minibatch
+    holds whole trajectories whatever the mode, so every mode steps over the same ones."""
+    if rb.one_row_each:
+        return trajectories
+    owner = rb.trajectory
+    return torch.cat([torch.nonzero(owner == k).squeeze(1) for k in trajectories.tolist()])
+
+
+@dataclass(frozen=True)
+class TrajectoryTokens:
+    """Each trajectory's generated tokens in generation order, one row per trajectory: the
+    layout the rewards and advantage estimators run on (K rows, G = the most generated tokens
+    of a trajectory), and the way back to the batch's (B, L) rows. When row k is trajectory k
+    the two layouts are the same and nothing moves."""
+
+    loss_mask: Tensor
+    """(K, G) bool: True on a trajectory's generated tokens, packed to the left."""
+    rows: Tensor | None
+    """(n,) batch row of each generated token, in (trajectory, generation) order; None: same layout."""
+    cols: Tensor | None
+    """(n,) its column in that row."""
+
+    @classmethod
+    def of(cls, rb: RolloutBatch, loss_mask: Tensor) -> TrajectoryTokens:
+        if rb.one_row_each:
+            return cls(loss_mask, None, None)
+        rows, cols = loss_mask.nonzero(as_tuple=True)  # row-major: rows in turn order
+        owner = rb.trajectory[rows]
+        order = torch.sort(owner, stable=True).indices  # generation order within each
+        rows, cols, owner = rows[order], cols[order], owner[order]
+        counts = torch.bincount(owner, minlength=rb.num_trajectories)
+        starts = torch.cumsum(counts, 0) - counts
+        slot = torch.arange(owner.numel(), device=owner.device) - starts[owner]
+        packed = torch.zeros(
+            rb.num_trajectories,
+            int(counts.max()) if owner.numel() else 0,
+            dtype=torch.bool,
+            device=loss_mask.device,
+        )
+        packed[owner, slot] = True
+        return cls(packed, rows, cols)
+
+    def pack(self, x: Tensor | None) -> Tensor | None:
+        """(B, L) -> (K, G): the generated tokens' entries, 0 elsewhere."""
+        if x is None or self.rows is None:
+            return x
+        out = torch.zeros(self.loss_mask.shape, dtype=x.dtype, device=x.device)
+        out[self.loss_mask] = x[self.rows, self.cols]
+        return out
+
+    def unpack(self, y: Tensor, like: Tensor) -> Tensor:
+        """(K, G) -> (B, L) shaped as `like`: back to the batch's rows, 0 off generated tokens."""
+        if self.rows is None:
+            return y
+        out = torch.zeros(like.shape, dtype=y.dtype, device=y.device)
+        out[self.rows, self.cols] = y[self.loss_mask]
+        return out
 
 
 @dataclass(frozen=True)
@@ -74,26 +151,39 @@ def make_rollout_batch(
     pad_id: int,
     device: torch.device | str = "cpu",
     seq_bucket: int = 1,
+    mode: str = "tree",
 ) -> RolloutBatch:
-    """Flatten each trajectory's turn contexts into its tree and collate them, the length
-    rounded up to a multiple of `seq_bucket`."""
+    """Lay each trajectory out as the learner's rows under `mode` (`trajectory.mode`: its
+    flattened tree by default) and collate them, the length rounded up to a multiple of
+    `seq_bucket`."""
     if not trajs:
         raise ValueError("no trajectories to train on")
-    trees = [flatten(turn_paths(t)) for t in trajs]
+    trees, owner = mode_rows(trajs, mode)
+    if not trees:
+        raise ValueError("no trajectory has a turn to train on")
     batch = collate(trees, pad_id, pad_to_multiple=seq_bucket).to(device)
     rollout_logp = torch.zeros(batch.loss_mask.shape, dtype=torch.float32)
     mask = batch.loss_mask.cpu()
-    for r, traj in enumerate(trajs):
-        recorded = [lp for turn in traj.turns for lp in turn.gen_logprobs]
-        # The tree keeps generated tokens in generation order along the row (tree.py).
-        if len(recorded) != int(mask[r].sum()):
-            raise ValueError(f"trajectory {r}: recorded log-probs do not match its tokens")
+    turn, offset = batch.gen_turn.cpu(), batch.gen_offset.cpu()
+    owners = torch.tensor(owner, dtype=torch.long)
+    for k, traj in enumerate(trajs):
+        recorded = [lp for t in traj.turns for lp in t.gen_logprobs]
+        if len(recorded) != int(mask[owners == k].sum()) or any(
+            len(t.gen_logprobs) != len(t.gen_ids) for t in traj.turns
+        ):
+            raise ValueError(f"trajectory {k}: recorded log-probs do not match its tokens")
+    for r, k in enumerate(owner):
+        # Every mode keeps each generated token's turn and offset (trajectory.modes).
+        turns = trajs[k].turns
+        at = zip(turn[r, mask[r]].tolist(), offset[r, mask[r]].tolist(), strict=True)
+        recorded = [turns[t].gen_logprobs[o] for t, o in at]
         rollout_logp[r, mask[r]] = torch.tensor(recorded, dtype=torch.float32)
     return RolloutBatch(
         batch=batch,
         scores=torch.tensor([t.reward for t in trajs], dtype=torch.float32, device=device),
         group_ids=torch.tensor([t.group for t in trajs], dtype=torch.long, device=device),
         rollout_logp=rollout_logp.to(device),
+        trajectory=owners.to(device),
     )
 
 

@@ -13,6 +13,10 @@ unless the KL is a loss term). `gae` and `reinforce_plus_plus` run along the gen
 tokens (environment tokens between turns are skipped, not chain breaks); the group
 estimators (`grpo`, `grpo_mean`, `rloo`, `reinforce_plus_plus_baseline`) score a trajectory
 by its summed token reward, as verl does, and broadcast one advantage to all its turns.
+Whatever `trajectory.mode` lays a trajectory out as (one tree, one row per turn, the
+concatenation), an estimator sees one row per trajectory, its generated tokens in generation
+order (mem1_core.rl.ppo.estimate_advantages): under `turns` GAE and the reward-to-go chain
+across the turn rows, and a group estimator's advantage reaches every row.
 """
 
 from __future__ import annotations

@@ -27,7 +27,14 @@ from torch import Tensor, nn
 
 from mem1_core.config import PPOConfig
 from mem1_core.models.model import is_checkpointing
-from mem1_core.rl.batch import Models, RolloutBatch, Targets, micro_batches, select_rows
+from mem1_core.rl.batch import (
+    Models,
+    RolloutBatch,
+    Targets,
+    micro_batches,
+    minibatch_rows,
+    select_rows,
+)
 from mem1_core.rl.losses import (
     POLICY_LOSSES,
     LossAgg,
@@ -105,7 +112,7 @@ class Split:
     def micro_batches(
         self, rows: Tensor, size: int, batch: FlatBatch, seq_bucket: int
     ) -> list[tuple[Tensor, int, bool]]:
-        return [(m, n, True) for m, n in micro_batches(rows, size, batch, seq_bucket)]
+        return [(chunk, cut, True) for chunk, cut in micro_batches(rows, size, batch, seq_bucket)]
 
     def mask(self, model: nn.Module, batch: FlatBatch, attn: str) -> object | None:
         return one_pass_mask(model, batch, attn)
@@ -146,6 +153,8 @@ class UpdateSettings:
     """Pad flattened batches and micro-batches to a multiple of this (ModelConfig.seq_bucket)."""
     split: Split = LOCAL
     """How the passes are split over processes (an FSDP rank's RankSplit; LOCAL: none)."""
+    trajectory_mode: str = "tree"
+    """How trajectories become the learner's rows (`trajectory.mode`; mem1_core.trajectory.modes)."""
 
     @classmethod
     def of(cls, ppo: PPOConfig, attn: str, **settings: Any) -> UpdateSettings:
@@ -155,101 +164,112 @@ class UpdateSettings:
         return cls(ppo, attn, **settings)
 
 
-def emptied(mb: FlatBatch, t: Targets | None = None) -> tuple[FlatBatch, Targets | None]:
+def emptied(micro: FlatBatch, targets: Targets | None = None) -> tuple[FlatBatch, Targets | None]:
     """A stand-in micro-batch: no generated token, so no log-prob is read and the loss is 0."""
-    none = torch.zeros_like(mb.loss_mask)
-    t = None if t is None else dataclasses.replace(t, loss_mask=none)
-    return dataclasses.replace(mb, loss_mask=none), t
+    no_tokens = torch.zeros_like(micro.loss_mask)
+    targets = None if targets is None else dataclasses.replace(targets, loss_mask=no_tokens)
+    return dataclasses.replace(micro, loss_mask=no_tokens), targets
 
 
 @torch.no_grad()
-def score(models: Models, rb: RolloutBatch, s: UpdateSettings) -> Targets:
+def score(models: Models, rollout: RolloutBatch, settings: UpdateSettings) -> Targets:
     """Old log-probs (current policy), reference log-probs and values, all over the tree,
     log-probs at the rollout's sampling temperature (the distribution sampled from).
     Advantages and returns are left empty (zeros) for `estimate_advantages`. Split over
     processes, each scores its rows and the sums over processes fill the whole batch (a row
     is non-zero on the one process that scored it)."""
-    b, length = rb.batch.input_ids.shape
-    old = torch.zeros(b, length, device=rb.batch.input_ids.device)
-    ref = torch.zeros_like(old) if models.reference is not None else None
-    values = torch.zeros_like(old) if models.critic is not None else None
-    split, attn = s.split, s.attn
-    plan = split.micro_batches(torch.arange(b), s.ppo.micro_batch_size, rb.batch, s.seq_bucket)
-    for rows, n, real in plan:
-        mb = select_rows(rb.batch, rows, n)
-        mb = mb if real else emptied(mb)[0]
+    num_rows, length = rollout.batch.input_ids.shape
+    old_logp = torch.zeros(num_rows, length, device=rollout.batch.input_ids.device)
+    ref_logp = torch.zeros_like(old_logp) if models.reference is not None else None
+    values = torch.zeros_like(old_logp) if models.critic is not None else None
+    split, attn = settings.split, settings.attn
+    plan = split.micro_batches(
+        torch.arange(num_rows), settings.ppo.micro_batch_size, rollout.batch, settings.seq_bucket
+    )
+    for rows, cut, real in plan:
+        micro = select_rows(rollout.batch, rows, cut)
+        micro = micro if real else emptied(micro)[0]
         # A BlockMask (flex) is built once and read by all three models.
-        mask = split.mask(models.policy, mb, attn)
-        logp = split.forward(models.policy, mb, attn, temperature=s.temperature, mask=mask)
-        ref_logp = None
-        if ref is not None:
-            ref_logp = split.forward(
-                models.reference, mb, attn, temperature=s.temperature, mask=mask
+        mask = split.mask(models.policy, micro, attn)
+        policy_out = split.forward(
+            models.policy, micro, attn, temperature=settings.temperature, mask=mask
+        )
+        micro_ref_logp = None
+        if ref_logp is not None:
+            micro_ref_logp = split.forward(
+                models.reference, micro, attn, temperature=settings.temperature, mask=mask
             ).logprobs
-        v = models.critic(mb, attn, mask=mask) if values is not None else None
+        micro_values = models.critic(micro, attn, mask=mask) if values is not None else None
         if not real:
             continue
-        old[rows, :n] = logp.logprobs
-        if ref is not None:
-            ref[rows, :n] = ref_logp
+        old_logp[rows, :cut] = policy_out.logprobs
+        if ref_logp is not None:
+            ref_logp[rows, :cut] = micro_ref_logp
         if values is not None:
-            values[rows, :n] = v
-    for x in (old, ref, values):
-        if x is not None:
-            split.reduce(x)
-    zeros = torch.zeros_like(old)
-    return Targets(rb.batch.loss_mask, old, zeros, zeros, values, ref)
+            values[rows, :cut] = micro_values
+    for scored in (old_logp, ref_logp, values):
+        if scored is not None:
+            split.reduce(scored)
+    zeros = torch.zeros_like(old_logp)
+    return Targets(rollout.batch.loss_mask, old_logp, zeros, zeros, values, ref_logp)
 
 
-def minibatch_agg(t: Targets, rows: Tensor, s: UpdateSettings) -> LossAgg:
+def minibatch_agg(targets: Targets, rows: Tensor, settings: UpdateSettings) -> LossAgg:
     """How the losses of minibatch `rows` aggregate (`ppo.loss_agg_mode`), over its counts."""
-    mode = s.ppo.loss_agg_mode
-    if mode == "seq-mean-token-sum-norm" and s.loss_scale_factor is None:
+    mode = settings.ppo.loss_agg_mode
+    if mode == "seq-mean-token-sum-norm" and settings.loss_scale_factor is None:
         raise ValueError(
             "ppo.loss_agg_mode=seq-mean-token-sum-norm needs a loss_scale_factor; the "
             "learner resolves it from the rollout budget (Config.loss_scale_factor)"
         )
-    return LossAgg.of(t.loss_mask[rows], mode, s.loss_scale_factor)
+    return LossAgg.of(targets.loss_mask[rows], mode, settings.loss_scale_factor)
 
 
 def ppo_loss(
     logp: Tensor,
     entropy: Tensor | None,
     values: Tensor | None,
-    t: Targets,
-    s: UpdateSettings,
+    targets: Targets,
+    settings: UpdateSettings,
     normalizer: LossAgg,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The minibatch objective on one micro-batch. logp, entropy, values: (b, l) and the
     matching Targets -> scalar loss (policy + value + KL/entropy terms), metrics. Only
     generated tokens enter; `normalizer` holds the whole minibatch's counts (minibatch_agg)."""
-    cfg = s.ppo
+    cfg = settings.ppo
     low, high = cfg.clip_range
-    loss, m = POLICY_LOSSES[cfg.policy_loss](
+    loss, policy_metrics = POLICY_LOSSES[cfg.policy_loss](
         logp,
-        t.old_logp,
-        t.advantages,
-        t.loss_mask,
+        targets.old_logp,
+        targets.advantages,
+        targets.loss_mask,
         low,
         clip_eps_high=high,
         dual_clip=cfg.clip_ratio_c,
-        is_weights=t.is_weights,
+        is_weights=targets.is_weights,
         normalizer=normalizer,
     )
-    metrics = {"pg_loss": loss.detach(), **m}
+    metrics = {"pg_loss": loss.detach(), **policy_metrics}
     if values is not None:
-        vf, vm = clipped_value_loss(
-            values, t.old_values, t.returns, t.loss_mask, cfg.value_clip_eps, normalizer=normalizer
+        value_loss, value_metrics = clipped_value_loss(
+            values,
+            targets.old_values,
+            targets.returns,
+            targets.loss_mask,
+            cfg.value_clip_eps,
+            normalizer=normalizer,
         )
-        loss = loss + vf
-        metrics |= {"vf_loss": vf.detach(), **vm}
+        loss = loss + value_loss
+        metrics |= {"vf_loss": value_loss.detach(), **value_metrics}
     if cfg.entropy_coef and entropy is not None:
-        ent = entropy_bonus(entropy, t.loss_mask, normalizer)
-        loss = loss - cfg.entropy_coef * ent
-        metrics["entropy"] = ent.detach()
-    if cfg.kl_in_loss and t.ref_logp is not None:
-        kl, _ = kl_loss(logp, t.ref_logp, t.loss_mask, cfg.kl_kind, normalizer=normalizer)
-        loss = loss + s.kl_coef * kl
+        bonus = entropy_bonus(entropy, targets.loss_mask, normalizer)
+        loss = loss - cfg.entropy_coef * bonus
+        metrics["entropy"] = bonus.detach()
+    if cfg.kl_in_loss and targets.ref_logp is not None:
+        kl, _ = kl_loss(
+            logp, targets.ref_logp, targets.loss_mask, cfg.kl_kind, normalizer=normalizer
+        )
+        loss = loss + settings.kl_coef * kl
         metrics["kl_loss"] = kl.detach()
     return loss, metrics
 
@@ -257,38 +277,41 @@ def ppo_loss(
 def accumulate_gradients(
     models: Models,
     batch: FlatBatch,
-    t: Targets,
+    targets: Targets,
     rows: Tensor,
-    s: UpdateSettings,
+    settings: UpdateSettings,
 ) -> tuple[dict[str, Tensor], bool]:
     """Backward of one minibatch (`rows`; this process's share of it), micro-batch by
     micro-batch, into `.grad`. -> the summed metrics, and whether every loss was finite."""
-    cfg, split, attn = s.ppo, s.split, s.attn
-    normalizer = minibatch_agg(t, rows, s)  # the whole minibatch's counts
+    cfg, split, attn = settings.ppo, settings.split, settings.attn
+    normalizer = minibatch_agg(targets, rows, settings)  # the whole minibatch's counts
     total: dict[str, Tensor] = {}
     finite = True
-    for micro, n, real in split.micro_batches(rows, cfg.micro_batch_size, batch, s.seq_bucket):
-        mb, tm = select_rows(batch, micro, n), t.rows(micro, n)
+    plan = split.micro_batches(rows, cfg.micro_batch_size, batch, settings.seq_bucket)
+    for micro_rows, cut, real in plan:
+        micro, micro_targets = select_rows(batch, micro_rows, cut), targets.rows(micro_rows, cut)
         if not real:
-            mb, tm = emptied(mb, tm)
-        mask = split.mask(models.policy, mb, attn)
+            micro, micro_targets = emptied(micro, micro_targets)
+        mask = split.mask(models.policy, micro, attn)
         out = split.forward(
             models.policy,
-            mb,
+            micro,
             attn,
             with_entropy=cfg.entropy_coef > 0,
-            temperature=s.temperature,
+            temperature=settings.temperature,
             mask=mask,
         )
         # The critic always runs one pass; it reuses the policy's mask when there is one.
-        values = models.critic(mb, attn, mask=mask) if models.critic is not None else None
-        loss, metrics = ppo_loss(out.logprobs, out.entropy, values, tm, s, normalizer)
+        values = models.critic(micro, attn, mask=mask) if models.critic is not None else None
+        loss, metrics = ppo_loss(
+            out.logprobs, out.entropy, values, micro_targets, settings, normalizer
+        )
         finite = finite and bool(torch.isfinite(loss))
         if not finite and split.stop_early:
             break
         loss.backward()
-        for k, v in metrics.items():
-            total[k] = total.get(k, 0.0) + v
+        for name, value in metrics.items():
+            total[name] = total.get(name, 0.0) + value
     return total, finite
 
 
@@ -307,7 +330,7 @@ def _full_norm(norm: Tensor) -> float:
 def optimizer_step(
     models: Models,
     optimizers: dict[str, torch.optim.Optimizer],
-    s: UpdateSettings,
+    settings: UpdateSettings,
     guard: NonFiniteGuard,
     metrics: dict[str, Tensor],
     finite_loss: bool,
@@ -315,20 +338,20 @@ def optimizer_step(
     """Clip and step every optimiser, or none: a non-finite loss (on any process) or
     gradient norm skips the whole step. Gradients are cleared either way. -> the metrics
     (summed over processes) and gradient norms, or None when the step was skipped."""
-    keys = sorted(metrics)
+    names = sorted(metrics)
     device = next(models.policy.parameters()).device
     flag = torch.tensor(0.0 if finite_loss else 1.0, device=device)
-    packed = s.split.reduce(
+    summed = settings.split.reduce(
         torch.stack(
-            [flag, *(torch.as_tensor(metrics[k]).detach().float().to(device) for k in keys)]
+            [flag, *(torch.as_tensor(metrics[name]).detach().float().to(device) for name in names)]
         )
     )
-    loss_ok = bool(packed[0] == 0)
+    loss_ok = bool(summed[0] == 0)
     norms: dict[str, float] = {}
     if loss_ok:
         for name, params in trainable_parameters(models).items():
             norms[f"{name}_grad_norm"] = _full_norm(
-                torch.nn.utils.clip_grad_norm_(params, s.ppo.grad_clip)
+                torch.nn.utils.clip_grad_norm_(params, settings.ppo.grad_clip)
             )
     finite = loss_ok and all(math.isfinite(v) for v in norms.values())
     guard.record(finite, "gradient norm" if loss_ok else "loss")
@@ -339,34 +362,38 @@ def optimizer_step(
         opt.zero_grad(set_to_none=True)
     if not finite:
         return None
-    return {k: float(v) for k, v in zip(keys, packed[1:].tolist(), strict=True)} | norms
+    return dict(zip(names, summed[1:].tolist(), strict=True)) | norms
 
 
 def ppo_epochs(
     models: Models,
     optimizers: dict[str, torch.optim.Optimizer],
-    rb: RolloutBatch,
-    t: Targets,
-    s: UpdateSettings,
+    rollout: RolloutBatch,
+    targets: Targets,
+    settings: UpdateSettings,
     guard: NonFiniteGuard,
     generator: torch.Generator | None = None,
 ) -> dict[str, float]:
-    """`ppo.ppo_epochs` passes over the batch's rows in shuffled minibatches (the same order
-    in every process: the same generator), each accumulated and stepped, or skipped when
-    non-finite. -> the metrics averaged over the steps taken, and the counts."""
-    ids = rb.batch.input_ids
+    """`ppo.ppo_epochs` passes over the batch in shuffled minibatches of `ppo.minibatch_size`
+    trajectories (all their rows; the same order in every process: the same generator), each
+    accumulated and stepped, or skipped when non-finite. -> the metrics averaged over the
+    steps taken, and the counts."""
+    device = rollout.batch.input_ids.device
     sums: dict[str, float] = {}
     steps = skipped = 0
-    for _ in range(s.ppo.ppo_epochs):
-        order = torch.randperm(ids.shape[0], generator=generator).to(ids.device)
-        for rows in order.split(s.ppo.minibatch_size):
-            metrics, finite = accumulate_gradients(models, rb.batch, t, rows, s)
-            done = optimizer_step(models, optimizers, s, guard, metrics, finite)
+    for _ in range(settings.ppo.ppo_epochs):
+        order = torch.randperm(rollout.num_trajectories, generator=generator).to(device)
+        for trajectories in order.split(settings.ppo.minibatch_size):
+            rows = minibatch_rows(rollout, trajectories)
+            if not len(rows):  # trajectories without a turn: nothing to train on
+                continue
+            metrics, finite = accumulate_gradients(models, rollout.batch, targets, rows, settings)
+            done = optimizer_step(models, optimizers, settings, guard, metrics, finite)
             if done is None:
                 skipped += 1
                 continue
             steps += 1
-            for k, v in done.items():
-                sums[k] = sums.get(k, 0.0) + v
-    out = {k: v / max(steps, 1) for k, v in sums.items()}
+            for name, value in done.items():
+                sums[name] = sums.get(name, 0.0) + value
+    out = {name: total / max(steps, 1) for name, total in sums.items()}
     return out | {"optimizer_steps": steps, "skipped_steps": skipped}

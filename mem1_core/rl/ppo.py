@@ -1,6 +1,7 @@
 """The learner's side of PPO / GRPO over masked trajectories (MEM1 §3.3, §4).
 
-`update` reads top to bottom: trajectories -> one flattened tree per trajectory ->
+`update` reads top to bottom: trajectories -> the learner's rows (`trajectory.mode`: one
+flattened tree per trajectory by default; mem1_core.trajectory.modes) ->
 old log-probs, reference log-probs and values (one no-grad pass each over the trees) ->
 the rollout correction (optional truncated importance weights of the sampler/learner gap)
 -> token rewards (task score on the last generated token, minus kl_coef * KL to the
@@ -35,7 +36,14 @@ from torch import Tensor
 
 from mem1_core.config import PPOConfig
 from mem1_core.rl.advantages import masked_whiten, token_rewards
-from mem1_core.rl.batch import Models, RolloutBatch, Targets, batch_stats, make_rollout_batch
+from mem1_core.rl.batch import (
+    Models,
+    RolloutBatch,
+    Targets,
+    TrajectoryTokens,
+    batch_stats,
+    make_rollout_batch,
+)
 from mem1_core.rl.estimators import get_estimator
 from mem1_core.rl.passes import NonFiniteGuard, UpdateSettings, ppo_epochs, score
 from mem1_core.rl.rollout_correction import rollout_is_weights
@@ -55,22 +63,30 @@ def correct_rollout(rb: RolloutBatch, t: Targets, cfg: PPOConfig) -> tuple[Targe
 
 def estimate_advantages(rb: RolloutBatch, t: Targets, s: UpdateSettings) -> tuple[Targets, Tensor]:
     """Token rewards -> advantages and returns (`ppo.adv_estimator`). -> `t` with them filled
-    in, and the (B, L) token rewards (for logging)."""
+    in, and the (B, L) token rewards (for logging).
+
+    Rewards and estimators run over each trajectory's generated tokens in generation order
+    (TrajectoryTokens): a trajectory's rows (`trajectory.mode=turns`) form one chain, the
+    outcome on its last generated token; with one row per trajectory nothing is moved."""
     cfg = s.ppo
     kl_coef = 0.0 if cfg.kl_in_loss or t.ref_logp is None else s.kl_coef
-    rewards = token_rewards(rb.scores, t.loss_mask, t.old_logp, t.ref_logp, kl_coef, cfg.kl_kind)
+    tokens = TrajectoryTokens.of(rb, t.loss_mask)
+    old_logp, ref_logp = tokens.pack(t.old_logp), tokens.pack(t.ref_logp)
+    rewards = token_rewards(rb.scores, tokens.loss_mask, old_logp, ref_logp, kl_coef, cfg.kl_kind)
     est = get_estimator(cfg.adv_estimator)
     adv, returns = est.fn(
         rewards=rewards,
-        values=t.old_values,
-        loss_mask=t.loss_mask,
+        values=tokens.pack(t.old_values),
+        loss_mask=tokens.loss_mask,
         group_ids=rb.group_ids,
         gamma=cfg.gamma,
         lam=cfg.lam,
         eps=1e-6,
     )
     if est.whiten:
-        adv = masked_whiten(adv, t.loss_mask)
+        adv = masked_whiten(adv, tokens.loss_mask)
+    adv, returns = tokens.unpack(adv, t.loss_mask), tokens.unpack(returns, t.loss_mask)
+    rewards = tokens.unpack(rewards, t.loss_mask)
     return dataclasses.replace(t, advantages=adv, returns=returns), rewards
 
 
@@ -92,7 +108,7 @@ def update(
         )
     device = next(models.policy.parameters()).device
     t0 = time.perf_counter()
-    rb = make_rollout_batch(trajs, s.pad_id, device, s.seq_bucket)
+    rb = make_rollout_batch(trajs, s.pad_id, device, s.seq_bucket, s.trajectory_mode)
     targets = score(models, rb, s)
     t1 = time.perf_counter()
     targets, correction = correct_rollout(rb, targets, cfg)

@@ -19,6 +19,10 @@ advantages; it computes only its share (`rank_rows`) of each pass:
   generated-token count of the whole minibatch; FSDP sums the gradients over ranks, which
   gives the full minibatch's gradient (mem1_core.training.fsdp).
 
+The trajectory mode (`trajectory.mode`) changes only which rows the batch holds (one tree per
+trajectory, one row per turn, or the concatenation): ranks split rows, whatever they are, with
+the same hook, and a minibatch holds whole trajectories on every rank alike.
+
 Every sharded forward and backward is a collective, so the ranks must run the same
 sequence of them: every pass uses the one-pass tree mask (the shared-prefix forward's
 number of decoder calls depends on the data); a rank whose share has fewer micro-batches

@@ -153,6 +153,7 @@ class Learner:
             temperature=cfg.rollout.temperature or 1.0,
             seq_bucket=cfg.model.seq_bucket_tokens,
             split=self.split,
+            trajectory_mode=cfg.trajectory.mode,
         )
         generator = torch.Generator().manual_seed(cfg.model.seed * 1_000_003 + iteration)
         with self.autocast:

@@ -1,6 +1,6 @@
-"""Supervised fine-tuning on teacher trajectories, over the same flattened tree and loss mask
-as PPO (loss on generated tokens only, each scored with exactly the context it was generated
-from). Two uses: the warm start (1-objective teacher trajectories teach the tiny model the tag
+"""Supervised fine-tuning on teacher trajectories, over the same rows and loss mask as PPO
+(`trajectory.mode`: the flattened tree by default; loss on generated tokens only, each scored
+with exactly the context it was generated from, except under the `concat` ablation). Two uses: the warm start (1-objective teacher trajectories teach the tiny model the tag
 format, the starting point of both ablation arms) and the SFT arm of the RL-vs-SFT ablation
 (MEM1 §5.4: SFT on the teacher's 2-objective trajectories).
 
@@ -31,8 +31,9 @@ from mem1_core.rollout.teacher import ScriptedTeacher
 from mem1_core.runs import atomic
 from mem1_core.runs.progress import Progress as StageProgress
 from mem1_core.trajectory.logprobs import forward_tree
-from mem1_core.trajectory.record import Trajectory, turn_paths, write_trajectories
-from mem1_core.trajectory.tree import FlatTree, collate, flatten
+from mem1_core.trajectory.modes import mode_rows
+from mem1_core.trajectory.record import Trajectory, write_trajectories
+from mem1_core.trajectory.tree import FlatTree, collate
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +141,7 @@ def step_options(cfg) -> dict:
         "weight_decay": cfg.sft.weight_decay,
         "attn": cfg.model.attn,
         "seed": cfg.model.seed,
+        "trajectory_mode": cfg.trajectory.mode,
     }
 
 
@@ -166,15 +168,21 @@ def train_on_trajectories(
     seq_bucket: int = 1,
     gradient_checkpointing: bool = False,
     stage: str = "sft",
+    trajectory_mode: str = "tree",
 ) -> SFTResult:
     """Train `max_steps` steps; returns the loss/eval curve. `minutes` of training time cap
     it (a warning and `stopped_by="minutes"` when they end it first). `eval_fn` runs after
     `evals` evenly spaced steps (`eval_steps`). Nothing here reads the clock but the cap.
-    `context_loss[i]`: trajectory i also gets the `context_weight` loss (see `sft_loss`)."""
+    `context_loss[i]`: trajectory i also gets the `context_weight` loss (see `sft_loss`).
+    `trajectory_mode`: the rows a trajectory trains as (`trajectory.mode`,
+    mem1_core.trajectory.modes); a step takes `batch_size` trajectories with all their rows."""
     if context_loss is not None and len(context_loss) != len(trajectories):
         raise ValueError("context_loss needs one flag per trajectory")
     keep = [i for i, t in enumerate(trajectories) if t.turns]
-    trees = [flatten(turn_paths(trajectories[i])) for i in keep]
+    rows, owner = mode_rows([trajectories[i] for i in keep], trajectory_mode)
+    trees: list[list[FlatTree]] = [[] for _ in keep]  # each trajectory's rows
+    for tree, k in zip(rows, owner, strict=True):
+        trees[k].append(tree)
     ctx_flags = [bool(context_loss[i]) for i in keep] if context_loss else None
     if not trees:
         raise ValueError("no teacher trajectory to train on")
@@ -212,11 +220,11 @@ def train_on_trajectories(
         with compute_context(model):
             loss, n = sft_loss(
                 model,
-                [trees[i] for i in idx],
+                [tree for i in idx for tree in trees[i]],
                 pad_id,
                 attn,
                 context_weight=context_weight,
-                context_rows=[ctx_flags[i] for i in idx] if ctx_flags else None,
+                context_rows=[ctx_flags[i] for i in idx for _ in trees[i]] if ctx_flags else None,
                 seq_bucket=seq_bucket,
             )
         opt.zero_grad(set_to_none=True)

@@ -132,13 +132,17 @@ def _key(ref: SegmentRef, traj: Trajectory) -> tuple:
     return (ref.kind.value, ref.turn, ref.start, end)
 
 
+def segment(traj: Trajectory, ref: SegmentRef, generated: bool = False) -> Segment:
+    """A reference as a tree segment: its key (kind, turn, span) and its ids."""
+    return Segment(_key(ref, traj), tuple(traj.segment_ids(ref)), generated)
+
+
 def turn_paths(traj: Trajectory) -> list[list[Segment]]:
     """Each turn as a tree path: its context segments, then its generated segment."""
     paths = []
     for t, turn in enumerate(traj.turns):
-        path = [Segment(_key(r, traj), tuple(traj.segment_ids(r)), False) for r in turn.context]
-        gen = SegmentRef(SegmentKind.GEN, t)
-        path.append(Segment(_key(gen, traj), tuple(turn.gen_ids), True))
+        path = [segment(traj, r) for r in turn.context]
+        path.append(segment(traj, SegmentRef(SegmentKind.GEN, t), True))
         paths.append(path)
     return paths
 
