@@ -65,6 +65,53 @@ def read_scores(
     return out
 
 
+Behaviour = dict[str, dict[int, dict[str, dict[str, Any]]]]
+"""agent name -> N -> task id -> its behaviour figures (mem1_core.evaluation.behaviour)."""
+
+
+def read_behaviours(
+    eval_dir: str | Path, agents: set[str] | None = None, objectives: set[int] | None = None
+) -> Behaviour:
+    """Each evaluated cell's per-task behaviour, from its trajectories (as `read_scores`)."""
+    from mem1_core.evaluation.behaviour import read_behaviour
+
+    out: Behaviour = {}
+    for path in sorted((Path(eval_dir) / "trajectories").glob("*_n*.parquet")):
+        agent, _, n = path.stem.rpartition("_n")
+        if not n.isdigit():
+            continue
+        if (agents is not None and agent not in agents) or (
+            objectives is not None and int(n) not in objectives
+        ):
+            continue
+        got = read_behaviour(path)
+        if got is not None:
+            out.setdefault(agent, {})[int(n)] = got
+    return out
+
+
+def _behaviour_cell(behaviour: Behaviour, names: list[str], n: int) -> dict[str, Any] | None:
+    """Each behaviour figure of agents `names` (one agent's seeds) at N=`n`: per task averaged
+    over the seeds that have it (None: none does), then the mean ± SE over the tasks that have
+    it (`<figure>`, `<figure>_se`, `<figure>_tasks`); None unless every one played N=`n`."""
+    from mem1_core.evaluation.behaviour import BEHAVIOUR
+
+    cells = [behaviour.get(a, {}).get(n) for a in names]
+    if not cells or any(c is None for c in cells):
+        return None
+    out: dict[str, Any] = {}
+    for key in BEHAVIOUR:
+        per_task = []
+        for t in cells[0]:
+            vals = [c[t][key] for c in cells if t in c and c[t][key] is not None]
+            if vals:
+                per_task.append(_mean(vals))
+        out[key] = _mean(per_task) if per_task else None
+        out[f"{key}_se"] = _se(per_task)
+        out[f"{key}_tasks"] = len(per_task)
+    return out
+
+
 def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs)
 
@@ -174,10 +221,13 @@ def _compare(metric: str, a: dict[str, float], b: dict[str, float], n: int) -> d
     }  # fmt: skip
 
 
-def world_headline(scores: Scores, agents: list[str] | None = None) -> dict[str, Any]:
+def world_headline(
+    scores: Scores, agents: list[str] | None = None, behaviour: Behaviour | None = None
+) -> dict[str, Any]:
     """One world's cells (each agent per seed and pooled) and every comparison the claims
     draw on, per seed and pooled. `agents`: the experiment's agent names, in its order (an
-    evaluated name is split into agent and seed against them)."""
+    evaluated name is split into agent and seed against them); `behaviour`: each cell's
+    per-task behaviour (`read_behaviours`), its means in each cell's `behaviour`."""
     seeds: dict[str, list[int | None]] = {}
     for name in scores:
         base, seed = split_agent(name, agents)
@@ -196,7 +246,12 @@ def world_headline(scores: Scores, agents: list[str] | None = None) -> dict[str,
                 em = _per_task(scores, _names(seeds, agent, seed), n, 0)
                 peak = _per_task(scores, _names(seeds, agent, seed), n, 1)
                 if em is not None:
-                    cells.append({"agent": agent, "seed": seed, "N": n, **_cell(em, peak, n)})
+                    cell = {"agent": agent, "seed": seed, "N": n, **_cell(em, peak, n)}
+                    if behaviour is not None:
+                        cell["behaviour"] = _behaviour_cell(
+                            behaviour, _names(seeds, agent, seed), n
+                        )
+                    cells.append(cell)
     return {"objectives": ns, "seeds": seeds, "cells": cells, "scores": scores}
 
 
@@ -268,10 +323,14 @@ def experiment_headline(
     agents: list[str] | None = None,
     roles: Mapping[str, str] | None = None,
     above: tuple = (),
+    behaviours: Mapping[int, Behaviour] | None = None,
 ) -> dict[str, Any]:
     """THE experiment headline from each world's per-task scores (`read_scores`); `agents`,
-    `roles`, `above`: the experiment's agent names, its claims' roles and its own claims."""
-    worlds = {str(w): world_headline(s, agents) for w, s in evals.items()}
+    `roles`, `above`: the experiment's agent names, its claims' roles and its own claims;
+    `behaviours`: each world's per-task behaviour (`read_behaviours`)."""
+    worlds = {
+        str(w): world_headline(s, agents, (behaviours or {}).get(w)) for w, s in evals.items()
+    }
     ns = sorted({n for w in worlds.values() for n in w["objectives"]})
     claims = judge_claims(worlds, claims_for(train_n, ns, roles, above), se_bar, ratio_bar)
     for w in worlds.values():  # the per-task scores stay in the trajectories

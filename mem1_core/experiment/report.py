@@ -24,7 +24,7 @@ def write_experiment_headline(spec, cfg, run_dir: Path) -> dict[str, Any]:
     (`mem1 experiment report`) it is the headline so far: `complete` is false, `pending` names
     each unfinished stage, and a claim whose cells are not all played is left out.
     -> {"headline", "markdown", "plots": {title: path}}."""
-    from mem1_core.experiment.headline import experiment_headline, read_scores
+    from mem1_core.experiment.headline import experiment_headline, read_behaviours, read_scores
     from mem1_core.experiment.plan import (
         agent_names,
         arm_runs,
@@ -38,9 +38,12 @@ def write_experiment_headline(spec, cfg, run_dir: Path) -> dict[str, Any]:
     run_dir = Path(run_dir)
     names, worlds = set(agent_names(spec)), eval_worlds(spec, cfg)
     evals = {w: read_scores(world_dirs(run_dir, w)[1], names, set(spec.objectives)) for w in worlds}
+    behaviours = {
+        w: read_behaviours(world_dirs(run_dir, w)[1], names, set(spec.objectives)) for w in worlds
+    }
     h = experiment_headline(
         evals, worlds[0], cfg.data.train_objectives, spec.se_bar, spec.peak_ratio_bar, spec.name,
-        list(spec.agents), spec.roles, spec.above,
+        list(spec.agents), spec.roles, spec.above, behaviours,
     )  # fmt: skip
     pending = [str(s) for s in stage_status(spec, cfg, run_dir) if not s.finished]
     h["complete"], h["pending"] = not pending, pending
@@ -134,6 +137,61 @@ def world_markdown(w: str, world: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+BEHAVIOUR_HEAD = ["agent", "N", "answered / N", "queries (distinct)", "turns / budget",
+                  "answered early", "format errors", "found", "retention"]  # fmt: skip
+"""The behaviour table's columns (mem1_core.evaluation.behaviour says what each counts)."""
+
+
+def behaviour_row(label: str, n: int, b: dict[str, Any]) -> str:
+    """One behaviour row: means per task (± SE where a rate or count decides a diagnosis)."""
+
+    def f(key: str, digits: int = 2, se: bool = False) -> str:
+        v = b.get(key)
+        if v is None:
+            return "–"
+        return _pm(v, b.get(f"{key}_se"), digits) if se else f"{v:.{digits}f}"
+
+    cols = [label, str(n), f"{f('answered', 2, True)} / {n}",
+            f"{f('queries', 1)} ({f('distinct_queries', 1)})",
+            f"{f('turns', 1)} / {f('turns_budget', 0)}", f("early"), f("format_errors"),
+            f("found", 2, True), f("retention", 2, True)]  # fmt: skip
+    return "| " + " | ".join(cols) + " |"
+
+
+def behaviour_markdown(world: dict[str, Any]) -> str:
+    """Agents × N on one world: what each did, pooled over its seeds (each task's figure
+    averaged over the seeds, then the mean over tasks), then per seed in a folded block."""
+    head = "| " + " | ".join(BEHAVIOUR_HEAD) + " |\n" + "|---" * len(BEHAVIOUR_HEAD) + "|"
+    pooled, per_seed = [head], [head]
+    for c in world["cells"]:
+        if not c.get("behaviour"):
+            continue
+        if c["seed"] == POOLED:
+            pooled.append(behaviour_row(c["agent"], c["N"], c["behaviour"]))
+        else:
+            per_seed.append(
+                behaviour_row(f"{c['agent']} · seed {c['seed']}", c["N"], c["behaviour"])
+            )
+    if len(pooled) == 1:
+        return ""
+    out = "\n".join(pooled) + "\n"
+    if len(per_seed) > 1:
+        out += (
+            "\n<details><summary>per seed</summary>\n\n" + "\n".join(per_seed) + "\n\n</details>\n"
+        )
+    return out
+
+
+BEHAVIOUR_NOTE = (
+    "Per task: answered, the parts of its `<answer>` (neither empty nor `?`); queries, its "
+    "searches (distinct once normalised); turns against its budget; answered early, an answer "
+    "with fewer distinct queries than objectives (tasks that answered); format errors, invalid "
+    "turns; found, the share of objectives whose gold answer appeared in an `<info>`; "
+    "retention (MEM1's memories), of those found, the share still in the last `<IS>` before "
+    "the answer or in the answer.\n"
+)
+
+
 def headline_markdown(h: dict[str, Any]) -> str:
     parts = [
         f"## Claims (bars: {h['bars']['se']:g} paired SE; peak-token ratio ≤ "
@@ -143,6 +201,9 @@ def headline_markdown(h: dict[str, Any]) -> str:
     for w, world in h["worlds"].items():
         body = world_markdown(w, world) if world["cells"] else "No evaluation cell played yet.\n"
         parts.append(f"## World {w}\n\n{body}")
+        if behaviour := behaviour_markdown(world):
+            tag = "the run’s own test split" if world["own"] else "held out"
+            parts.append(f"## Behaviour, world {w} ({tag})\n\n{BEHAVIOUR_NOTE}\n{behaviour}")
     if h.get("walls"):
         rows = "\n".join(f"| {k} | {v / 60:.1f} |" for k, v in h["walls"].items())
         total = sum(h["walls"].values()) / 60
