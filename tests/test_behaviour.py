@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from mem1_core.evaluation.behaviour import last_state, read_behaviour, task_behaviour
+from mem1_core.experiment.headline import POOLED
 from mem1_core.trajectory.record import Action, Trajectory, Turn, write_trajectories
 
 GOLD = [["Ada Lovelace", "Ada"], ["1887"], ["Paris"]]
@@ -93,7 +94,7 @@ def test_an_answer_after_searching_each_objective_is_not_early(tmp_path):
 
 
 def test_the_headline_pools_behaviour_per_task_over_seeds_then_over_tasks():
-    from mem1_core.experiment.headline import POOLED, world_headline
+    from mem1_core.experiment.headline import world_headline
     from mem1_core.experiment.report import behaviour_markdown
 
     def b(answered, retention):
@@ -118,3 +119,44 @@ def test_the_headline_pools_behaviour_per_task_over_seeds_then_over_tasks():
     table = behaviour_markdown(world)
     assert "| mem1-ppo | 4 | 2.00 ± 0.00 / 4 | 2.0 (2.0) | 4.0 / 10 |" in table
     assert "mem1-ppo · seed 1" in table  # the per-seed rows, folded
+
+
+def test_a_claims_row_says_what_drives_it_and_effects_are_no_claims():
+    from mem1_core.experiment.headline import experiment_headline
+    from mem1_core.experiment.report import claims_markdown, headline_markdown
+    from mem1_core.experiment.spec import Above
+
+    def b(answered, found, retention):
+        return {"answered": answered, "queries": 4.0, "distinct_queries": 4.0, "turns": 6.0,
+                "turns_budget": 10.0, "early": 0.0, "format_errors": 0.0, "found": found,
+                "retention": retention}  # fmt: skip
+
+    tasks = [f"t{k}" for k in range(8)]
+    behaviour = {
+        "mem1-ppo-s0": {4: {t: b(3.0, 0.75, 0.5) for t in tasks}},
+        "mem1-sft-s0": {4: {t: b(2.0, 0.5, 1.0) for t in tasks}},
+    }
+    scores = {
+        "mem1-ppo-s0": {4: {t: (float(k % 2), 50.0) for k, t in enumerate(tasks)}},
+        "mem1-sft-s0": {4: {t: (0.0, 50.0) for t in tasks}},
+    }
+    h = experiment_headline({0: scores}, 0, 2, 2.0, 0.3, "x", ["mem1-ppo", "mem1-sft"],
+                            behaviours={0: behaviour},
+                            effects=(Above("mem1-ppo", "mem1-sft", (4,)),))  # fmt: skip
+    (rl,) = [c for c in h["claims"] if c["key"] == "rl_above_sft@4"]
+    assert rl["worlds"]["0"]["drivers"]["mem1-sft"] == {"answered": 2.0, "found": 0.5,
+                                                        "retention": 1.0}  # fmt: skip
+    row = claims_markdown(h).splitlines()[2]
+    assert row.endswith(
+        "| mem1-sft answers 2.0 of 4 (found 0.50, kept 1.00); mem1-ppo 3.0 (0.75, 0.50) |"
+    )
+    (effect,) = h["effects"]
+    assert (
+        effect["label"] == "mem1-ppo − mem1-sft at N=4"
+        and effect["worlds"]["0"][POOLED]["value"] == 0.5
+    )
+    md = headline_markdown(h)
+    assert (
+        "## Effects (measured, not claimed" in md
+        and "Holm-corrected over the 1 claim × world" in md
+    )

@@ -32,6 +32,16 @@ ESTIMATOR = """Estimators (per world, agent, N; T tasks, the same for every agen
 
 A claim holds on a world at the stated bar only where it holds for every seed on its own and
 pooled: one seed's paired error measures task noise, not training noise.
+
+The bar, once: a difference claim is a one-sided test that a − b > 0, its figure in paired
+standard errors; the bar of k SE is the one-sided level alpha = P(Z > k) (k = 2: 2.3 %), the
+2-sigma convention of the smol experiment. One claim on one world is an intersection-union test
+(every seed and the pool must clear it), whose p-value is the largest of its parts'. The
+experiment makes many such tests (each difference claim on each world), so Holm's step-down
+correction over all of them holds the chance that any claim holds by chance to alpha: sorted
+p_(1) <= ... <= p_(m), the j-th holds while every p_(i), i <= j, is at most alpha / (m - i + 1).
+A claim every part of which clears the bar but which Holm does not keep reads "not after
+correction". The peak-token ratio is a bound on a measured ratio, not a test.
 """
 """How the headline's figures are estimated (headline.json carries it)."""
 POOLED = "pooled"
@@ -279,6 +289,26 @@ def _holds(claim: Claim, got: dict[str, Any], se_bar: float, ratio_bar: float) -
     return got | {"z": z, "holds": z is not None and z > se_bar}
 
 
+def one_sided_p(z: float | None) -> float:
+    """P(Z > z) for a standard normal Z: the one-sided p-value of a difference `z` of its
+    standard errors above 0 (1 where there is no error to test with)."""
+    return 1.0 if z is None else 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def holm(p: Mapping[str, float], alpha: float) -> dict[str, dict[str, Any]]:
+    """Holm's step-down correction (Holm 1979) of the tests `p` (name -> p-value) at family-wise
+    level `alpha`: sorted p_(1) ≤ … ≤ p_(m), test k is rejected while p_(j) ≤ alpha / (m − j + 1)
+    for every j ≤ k. -> name -> {p, p_holm (the adjusted p-value, max_{j≤k} min(1, (m−j+1)
+    p_(j))), rejected}."""
+    order = sorted(p, key=lambda k: p[k])
+    m, out, running, going = len(order), {}, 0.0, True
+    for j, name in enumerate(order):
+        going = going and p[name] <= alpha / (m - j)
+        running = max(running, min(1.0, (m - j) * p[name]))
+        out[name] = {"p": p[name], "p_holm": running, "rejected": going}
+    return out
+
+
 def judge_claims(
     worlds: Mapping[str, Mapping[str, Any]], claims: list[Claim], se_bar: float, ratio_bar: float
 ) -> list[dict[str, Any]]:
@@ -313,6 +343,47 @@ def judge_claims(
     return out
 
 
+def correct(claims: list[dict[str, Any]], alpha: float) -> None:
+    """Holm over the experiment's difference claims × worlds, in place. A claim × world is one
+    intersection–union test (it holds only where every seed and the pool clear the bar), whose
+    p-value is the largest of its parts' (Berger 1982); Holm keeps the chance that any of the
+    family's claims holds by chance at most `alpha`. Each claim × world gets `p`, `p_holm`,
+    and its verdict `holds` only where Holm rejects; a claim every part of which clears the
+    uncorrected bar while Holm does not reject reads `not after correction`."""
+    tests = {}
+    for i, c in enumerate(claims):
+        if c["metric"] != "em_frac":
+            continue
+        for w, got in c["worlds"].items():
+            parts = [*got["seeds"].values(), got[POOLED]]
+            tests[(i, w)] = max(one_sided_p(g.get("z")) for g in parts)
+    done = holm({f"{i}|{w}": p for (i, w), p in tests.items()}, alpha)
+    for i, w in tests:
+        got, res = claims[i]["worlds"][w], done[f"{i}|{w}"]
+        got["p"], got["p_holm"] = res["p"], res["p_holm"]
+        if got["verdict"] == "holds" and not res["rejected"]:
+            got["verdict"] = "not after correction"
+
+
+def effect_list(effects: tuple) -> list[Claim]:
+    """The experiment's effects (a above b at each N) as comparisons, no claims."""
+    return [Claim(f"{e.a}_vs_{e.b}@{n}", f"{e.a} − {e.b} at N={n}", e.a, e.b, "em_frac", n)
+            for e in effects for n in e.objectives]  # fmt: skip
+
+
+def drivers(world: Mapping[str, Any], a: str, b: str, n: int) -> dict[str, Any]:
+    """What drives a comparison at N=`n` on one world, from the behaviour rows (pooled): for
+    each side, the objectives its answers give, the share found, the share of found answers
+    retained. -> {agent: {answered, found, retention}} (absent: no behaviour row)."""
+    out = {}
+    for agent in (a, b):
+        cell = next((c for c in world["cells"] if c["agent"] == agent and c["seed"] == POOLED
+                     and c["N"] == n), None)  # fmt: skip
+        if cell and cell.get("behaviour"):
+            out[agent] = {k: cell["behaviour"][k] for k in ("answered", "found", "retention")}
+    return out
+
+
 def experiment_headline(
     evals: Mapping[int, Scores],
     own_world: int,
@@ -324,15 +395,23 @@ def experiment_headline(
     roles: Mapping[str, str] | None = None,
     above: tuple = (),
     behaviours: Mapping[int, Behaviour] | None = None,
+    effects: tuple = (),
 ) -> dict[str, Any]:
     """THE experiment headline from each world's per-task scores (`read_scores`); `agents`,
     `roles`, `above`: the experiment's agent names, its claims' roles and its own claims;
-    `behaviours`: each world's per-task behaviour (`read_behaviours`)."""
+    `behaviours`: each world's per-task behaviour (`read_behaviours`); `effects`: differences
+    measured and reported outside the claims (spec.ExperimentSpec.effects)."""
     worlds = {
         str(w): world_headline(s, agents, (behaviours or {}).get(w)) for w, s in evals.items()
     }
     ns = sorted({n for w in worlds.values() for n in w["objectives"]})
     claims = judge_claims(worlds, claims_for(train_n, ns, roles, above), se_bar, ratio_bar)
+    correct(claims, one_sided_p(se_bar))
+    effects = judge_claims(worlds, effect_list(effects), se_bar, ratio_bar)
+    for rows in (claims, effects):
+        for c in rows:
+            for w, got in c["worlds"].items():
+                got["drivers"] = drivers(worlds[w], c["a"], c["b"], c["N"])
     for w in worlds.values():  # the per-task scores stay in the trajectories
         w.pop("scores")
     return {
@@ -343,5 +422,11 @@ def experiment_headline(
         "estimator": ESTIMATOR,
         "worlds": {w: {"own": w == str(own_world), **h} for w, h in worlds.items()},
         "claims": claims,
-        "bars": {"se": se_bar, "peak_ratio": ratio_bar},
+        "bars": {
+            "se": se_bar,
+            "peak_ratio": ratio_bar,
+            "alpha": one_sided_p(se_bar),
+            "tests": sum(1 for c in claims for w in c["worlds"] if c["metric"] == "em_frac"),
+        },
+        "effects": effects,
     }

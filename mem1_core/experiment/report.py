@@ -43,7 +43,7 @@ def write_experiment_headline(spec, cfg, run_dir: Path) -> dict[str, Any]:
     }
     h = experiment_headline(
         evals, worlds[0], cfg.data.train_objectives, spec.se_bar, spec.peak_ratio_bar, spec.name,
-        list(spec.agents), spec.roles, spec.above, behaviours,
+        list(spec.agents), spec.roles, spec.above, behaviours, spec.effects,
     )  # fmt: skip
     pending = [str(s) for s in stage_status(spec, cfg, run_dir) if not s.finished]
     h["complete"], h["pending"] = not pending, pending
@@ -87,23 +87,54 @@ def claim_figure(g: dict[str, Any], metric: str) -> str:
     return text + ("" if g.get("z") is None else f" ({g['z']:+.1f} SE)")
 
 
-def claims_markdown(h: dict[str, Any]) -> str:
+def driver_text(c: dict[str, Any], got: dict[str, Any]) -> str:
+    """What drives a comparison, from the behaviour rows: `mem1-sft answers 2.0 of 4 (found
+    0.50, kept 0.90); mem1-ppo 3.1 (0.62, 0.55)`."""
+    d, n = got.get("drivers") or {}, c["N"]
+
+    def f(b: dict[str, Any], key: str) -> str:
+        return "–" if b.get(key) is None else f"{b[key]:.2f}"
+
+    parts = []
+    for agent in (c["b"], c["a"]):
+        b = d.get(agent)
+        if not b or b.get("answered") is None:
+            continue
+        if not parts:
+            parts.append(f"{agent} answers {b['answered']:.1f} of {n} (found {f(b, 'found')}, "
+                         f"kept {f(b, 'retention')})")  # fmt: skip
+        else:
+            parts.append(f"{agent} {b['answered']:.1f} ({f(b, 'found')}, {f(b, 'retention')})")
+    return "; ".join(parts)
+
+
+def claims_markdown(h: dict[str, Any], key: str = "claims") -> str:
     """One row per claim and world: the verdict, the bar, the pooled figure and each seed's
-    (the verdict beside the claim: a wide table in the UI scrolls, and it is read first)."""
-    seeds = sorted({s for c in h["claims"] for w in c["worlds"].values() for s in w["seeds"]})
-    head = ["claim", "world", "verdict", "bar", POOLED, *(f"seed {s}" for s in seeds)]
+    (the verdict beside the claim: a wide table in the UI scrolls, and it is read first), the
+    Holm-adjusted p-value, and what drives it (the behaviour rows). `key="effects"`: the
+    measured effects, with no verdict, bar or correction."""
+    rows = h.get(key) or []
+    claims = key == "claims"
+    seeds = sorted({s for c in rows for w in c["worlds"].values() for s in w["seeds"]})
+    head = ["claim" if claims else "effect", "world", *(["verdict", "bar"] if claims else []),
+            POOLED, *(f"seed {s}" for s in seeds), *(["p (Holm)"] if claims else []),
+            "what drives it"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-    for c in h["claims"]:
+    for c in rows:
         for w, got in c["worlds"].items():
             own = " (own)" if h["worlds"][w]["own"] else ""
             verdict = got["verdict"]
-            cols = [c["label"], f"{w}{own}", f"**{verdict}**" if verdict == "holds" else verdict,
-                    c["bar"], claim_figure(got[POOLED], c["metric"])]  # fmt: skip
+            cols = [c["label"], f"{w}{own}"]
+            if claims:
+                cols += [f"**{verdict}**" if verdict == "holds" else verdict, c["bar"]]
+            cols.append(claim_figure(got[POOLED], c["metric"]))
             for s in seeds:
                 g = got["seeds"].get(s)
-                cols.append(
-                    claim_figure(g, c["metric"]) + (" ✓" if g["holds"] else "") if g else ""
-                )
+                mark = " ✓" if claims and g and g["holds"] else ""
+                cols.append(claim_figure(g, c["metric"]) + mark if g else "")
+            if claims:
+                cols.append(f"{got['p_holm']:.3g}" if got.get("p_holm") is not None else "–")
+            cols.append(driver_text(c, got))
             lines.append("| " + " | ".join(cols) + " |")
     return "\n".join(lines) + "\n"
 
@@ -193,11 +224,16 @@ BEHAVIOUR_NOTE = (
 
 
 def headline_markdown(h: dict[str, Any]) -> str:
+    bars = h["bars"]
     parts = [
-        f"## Claims (bars: {h['bars']['se']:g} paired SE; peak-token ratio ≤ "
-        f"{h['bars']['peak_ratio']:g}; ✓ a seed that clears it)\n",
+        f"## Claims (bar: {bars['se']:g} paired SE, one-sided α = {bars.get('alpha', 0):.3f}, "
+        f"Holm-corrected over the {bars.get('tests', 0)} claim × world tests; peak-token ratio "
+        f"≤ {bars['peak_ratio']:g}; ✓ a seed that clears the uncorrected bar)\n",
         claims_markdown(h) if h["claims"] else "No claim can be judged yet.\n",
     ]
+    if h.get("effects"):
+        parts += ["## Effects (measured, not claimed: fewer seeds than a claim needs; no "
+                  "correction)\n", claims_markdown(h, "effects")]  # fmt: skip
     for w, world in h["worlds"].items():
         body = world_markdown(w, world) if world["cells"] else "No evaluation cell played yet.\n"
         parts.append(f"## World {w}\n\n{body}")
