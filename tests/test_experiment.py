@@ -98,7 +98,7 @@ ARM = "{trainer: ppo, memory: mem1, seeds: [0]}"
             "warm start 'w', which `warm_starts:` does not declare",
         ),
         (
-            f"profile: smoke\narms: {{a: {ARM}}}\neval: {{plays: {{t: {{arm: b, memory: full}}}}}}\n",
+            f"profile: smoke\narms: {{a: {ARM}}}\neval: {{plays: {{t: {{arm: b, memory: full}}}}, agents: [t]}}\n",
             "plays arm 'b', which the experiment does not train",
         ),
         (

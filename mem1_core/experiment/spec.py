@@ -193,7 +193,9 @@ class ExperimentSpec:
                 raise ValueError(
                     f"{where}: eval.plays {name} is also an arm's or warm start's name"
                 )
-            if play.arm not in self.arms:
+            # an entry no agent plays may name an arm an override dropped (smol.yaml's
+            # truncate-ppo under `experiment.arms={mem1-ppo: …}`)
+            if play.arm not in self.arms and name in self.agents:
                 raise ValueError(
                     f"{where}: eval.plays {name} plays arm {play.arm!r}, which the experiment "
                     f"does not train (arms: {list(self.arms)})"
