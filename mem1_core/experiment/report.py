@@ -223,12 +223,19 @@ BEHAVIOUR_NOTE = (
 )
 
 
-def headline_markdown(h: dict[str, Any]) -> str:
+def claims_heading(h: dict[str, Any]) -> str:
+    """The bars, stated once (their reason: the headline's estimator text)."""
     bars = h["bars"]
-    parts = [
-        f"## Claims (bar: {bars['se']:g} paired SE, one-sided α = {bars.get('alpha', 0):.3f}, "
+    return (
+        f"bar: {bars['se']:g} paired SE, one-sided α = {bars.get('alpha', 0):.3f}, "
         f"Holm-corrected over the {bars.get('tests', 0)} claim × world tests; peak-token ratio "
-        f"≤ {bars['peak_ratio']:g}; ✓ a seed that clears the uncorrected bar)\n",
+        f"≤ {bars['peak_ratio']:g}; ✓ a seed that clears the uncorrected bar"
+    )
+
+
+def headline_markdown(h: dict[str, Any]) -> str:
+    parts = [
+        f"## Claims ({claims_heading(h)})\n",
         claims_markdown(h) if h["claims"] else "No claim can be judged yet.\n",
     ]
     if h.get("effects"):
