@@ -611,8 +611,10 @@ def test_an_arm_is_its_trainer_memory_settings_warm_start_and_seeds(tmp_path):
         "mem1-ppo-upto4 above mem1-ppo at N=8",
     ]
     assert claims_for(2, [4], spec.roles)[0].a == "mem1-ppo-long"
-    # the record a run keeps reads back as the same experiment
-    assert ExperimentSpec.from_dict(spec.to_dict()) == spec
+    # the record a run keeps reads back as the same experiment, its arms in the file's order
+    record = json.loads(json.dumps(spec.to_dict(), sort_keys=True))
+    assert ExperimentSpec.from_dict(record) == spec
+    assert list(ExperimentSpec.from_dict(record).arms) == list(spec.arms)
 
 
 def test_a_run_made_before_arms_were_data_reads_back_and_resumes(tmp_path):
