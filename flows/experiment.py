@@ -262,11 +262,13 @@ def experiment(
                     str(run_dir), w)  # fmt: skip
         samples = got["samples"]
         made = standing.update()  # after the last world: the whole headline
-    from mem1_core.experiment.report import claims_markdown
+    from mem1_core.experiment.report import claims_heading, claims_markdown
 
+    h = made["headline"]
     publish_markdown(
         CLAIMS_KEY,
-        f"# The paper's claims: experiment `{spec.name}`\n\n{claims_markdown(made['headline'])}",
+        f"# The paper's claims: experiment `{spec.name}`\n\n{claims_heading(h)}.\n\n"
+        f"{claims_markdown(h)}",
         f"Claims of experiment run {name}, per world, per seed and pooled",
     )
     publish_samples(samples)  # the last world's sample trajectories

@@ -11,6 +11,7 @@ import json
 import math
 import random
 from pathlib import Path
+from statistics import NormalDist
 
 import pytest
 
@@ -19,6 +20,8 @@ from mem1_core.experiment.headline import (
     POOLED,
     claims_for,
     experiment_headline,
+    holm,
+    one_sided_p,
     read_scores,
 )
 from mem1_core.experiment.plan import (
@@ -95,7 +98,7 @@ ARM = "{trainer: ppo, memory: mem1, seeds: [0]}"
             "warm start 'w', which `warm_starts:` does not declare",
         ),
         (
-            f"profile: smoke\narms: {{a: {ARM}}}\neval: {{plays: {{t: {{arm: b, memory: full}}}}}}\n",
+            f"profile: smoke\narms: {{a: {ARM}}}\neval: {{plays: {{t: {{arm: b, memory: full}}}}, agents: [t]}}\n",
             "plays arm 'b', which the experiment does not train",
         ),
         (
@@ -327,6 +330,57 @@ def test_a_claim_holds_only_where_every_seed_and_the_pool_clear_the_bar(headline
     assert peak[POOLED]["value"] == pytest.approx(want) and peak["verdict"] == "holds"
 
 
+def test_holm_against_a_hand_worked_example():
+    # alpha 0.05, m = 4: sorted d .005 <= .05/4, a .01 <= .05/3, c .03 > .05/2: stop there
+    got = holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.005}, 0.05)
+    assert {k: v["rejected"] for k, v in got.items()} == {"a": True, "b": False, "c": False,
+                                                          "d": True}  # fmt: skip
+    # adjusted: d 4 x .005, a max(.02, 3 x .01), c max(.03, 2 x .03), b max(.06, .04)
+    assert {k: v["p_holm"] for k, v in got.items()} == pytest.approx(
+        {"a": 0.03, "b": 0.06, "c": 0.06, "d": 0.02}
+    )
+    assert one_sided_p(2.0) == pytest.approx(1 - NormalDist().cdf(2.0))
+    assert one_sided_p(None) == 1.0
+
+
+def test_each_claim_is_one_test_of_the_holm_family(headline):
+    h, _ = headline
+    alpha = 1 - NormalDist().cdf(2.0)
+    tests = [w for c in h["claims"] if c["metric"] == "em_frac" for w in c["worlds"].values()]
+    assert h["bars"]["tests"] == len(tests) and h["bars"]["alpha"] == pytest.approx(alpha)
+    p = []
+    for w in tests:
+        parts = [*w["seeds"].values(), w[POOLED]]
+        # the intersection-union test's p-value: its weakest part's
+        p.append(max(1.0 if g["z"] is None else 1 - NormalDist().cdf(g["z"]) for g in parts))
+        assert w["p"] == pytest.approx(p[-1])
+    ranked = sorted(p)
+    for k, w in enumerate(tests):
+        if w["verdict"] == "holds":
+            assert w["p_holm"] <= alpha
+            j = ranked.index(p[k])
+            assert all(ranked[i] <= alpha / (len(ranked) - i) for i in range(j + 1))
+        if w["verdict"] == "not after correction":
+            assert all(g["holds"] for g in w["seeds"].values()) and w[POOLED]["holds"]
+            assert w["p_holm"] > alpha
+
+
+def test_a_claim_that_clears_the_bar_on_two_worlds_may_not_survive_the_correction():
+    # 4 of 20 tasks gained: +0.2 ± 0.092 paired, 2.18 SE > 2 on each world, p = 0.0146 each;
+    # two tests: Holm's first step asks p <= 0.0228 / 2 = 0.0114, so neither is kept
+    world = {"warm-start": {2: {f"t{k}": (0.0, 10.0) for k in range(20)}},
+             "mem1-ppo-s0": {2: {f"t{k}": (float(k < 4), 10.0) for k in range(20)}}}  # fmt: skip
+    h = experiment_headline({0: world, 4242: world}, 0, 2, se_bar=2.0, ratio_bar=0.3)
+    (claim,) = h["claims"]
+    for got in claim["worlds"].values():
+        assert got[POOLED]["z"] == pytest.approx(0.2 / _se([float(k < 4) for k in range(20)]))
+        assert got[POOLED]["holds"] and got["seeds"]["0"]["holds"]
+        assert got["verdict"] == "not after correction"
+        assert got["p_holm"] == pytest.approx(2 * (1 - NormalDist().cdf(got[POOLED]["z"])))
+    one = experiment_headline({0: world}, 0, 2, se_bar=2.0, ratio_bar=0.3)
+    assert one["claims"][0]["worlds"]["0"]["verdict"] == "holds"  # one test: no correction
+
+
 def test_claims_are_named_by_what_they_claim():
     labels = [c.label for c in claims_for(2, [1, 2, 4, 8, 16])]
     assert labels == [
@@ -342,7 +396,8 @@ def test_the_claims_table_and_the_world_tables_render_every_figure(headline, tmp
     rows = [r for r in table.splitlines()[2:]]
     assert len(rows) == sum(len(c["worlds"]) for c in h["claims"])  # a row per claim and world
     head = table.splitlines()[0].split(" | ")
-    assert head[2:7] == ["verdict", "bar", POOLED, "seed 0", "seed 1 |"]
+    assert head[2:9] == ["verdict", "bar", POOLED, "seed 0", "seed 1", "p (Holm)",
+                         "what drives it |"]  # fmt: skip
     assert "seed 0 only" in table and "(own)" in table
     md = headline_markdown(h)
     assert "| mem1-ppo · seed 1 |" in md and "EM summed over objectives" in md
@@ -581,8 +636,10 @@ def test_an_arm_is_its_trainer_memory_settings_warm_start_and_seeds(tmp_path):
         "mem1-ppo-upto4 above mem1-ppo at N=8",
     ]
     assert claims_for(2, [4], spec.roles)[0].a == "mem1-ppo-long"
-    # the record a run keeps reads back as the same experiment
-    assert ExperimentSpec.from_dict(spec.to_dict()) == spec
+    # the record a run keeps reads back as the same experiment, its arms in the file's order
+    record = json.loads(json.dumps(spec.to_dict(), sort_keys=True))
+    assert ExperimentSpec.from_dict(record) == spec
+    assert list(ExperimentSpec.from_dict(record).arms) == list(spec.arms)
 
 
 def test_a_run_made_before_arms_were_data_reads_back_and_resumes(tmp_path):

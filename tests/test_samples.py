@@ -126,6 +126,13 @@ def test_mem1_show_prints_one_trajectory(tmp_path, capsys):
     assert main(["show", str(tmp_path), "--agent", "mem1-ppo", "-n", "2", "--task", "0"]) == 0
     out = capsys.readouterr().out
     assert "<IS>     Q1: 1821. Q2: 1749." in out and "12 pruned" in out
+    # its behaviour, counted by hand: two parts answered, two distinct queries, 1821 found in
+    # the first <info> (1749 never), and kept in the last <IS>
+    assert (
+        "behaviour of this task: answered 2.0 of 2, queries 2.0 (2.0 distinct), turns 3.0 of 0, "
+        "answered early 0.00, format errors 0.0, found 0.50, retention 1.00"
+    ) in out
+    assert "behaviour of its cell (1 tasks, mean): answered 2.0 of 2" in out
     assert main(["show", str(tmp_path), "--agent", "mem1-ppo", "-n", "4"]) == 2
     assert "mem1-ppo_n2" in capsys.readouterr().err  # says what the evaluation has
     assert main(["show", str(tmp_path), "--agent", "mem1-ppo", "-n", "2", "--task", "3"]) == 2

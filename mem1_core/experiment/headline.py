@@ -32,6 +32,16 @@ ESTIMATOR = """Estimators (per world, agent, N; T tasks, the same for every agen
 
 A claim holds on a world at the stated bar only where it holds for every seed on its own and
 pooled: one seed's paired error measures task noise, not training noise.
+
+The bar, once: a difference claim is a one-sided test that a − b > 0, its figure in paired
+standard errors; the bar of k SE is the one-sided level alpha = P(Z > k) (k = 2: 2.3 %), the
+2-sigma convention of the smol experiment. One claim on one world is an intersection-union test
+(every seed and the pool must clear it), whose p-value is the largest of its parts'. The
+experiment makes many such tests (each difference claim on each world), so Holm's step-down
+correction over all of them holds the chance that any claim holds by chance to alpha: sorted
+p_(1) <= ... <= p_(m), the j-th holds while every p_(i), i <= j, is at most alpha / (m - i + 1).
+A claim every part of which clears the bar but which Holm does not keep reads "not after
+correction". The peak-token ratio is a bound on a measured ratio, not a test.
 """
 """How the headline's figures are estimated (headline.json carries it)."""
 POOLED = "pooled"
@@ -62,6 +72,53 @@ def read_scores(
             str(i): (float(r), float(p))
             for i, r, p in zip(t["task_id"], t["reward"], t["peak_tokens"], strict=True)
         }
+    return out
+
+
+Behaviour = dict[str, dict[int, dict[str, dict[str, Any]]]]
+"""agent name -> N -> task id -> its behaviour figures (mem1_core.evaluation.behaviour)."""
+
+
+def read_behaviours(
+    eval_dir: str | Path, agents: set[str] | None = None, objectives: set[int] | None = None
+) -> Behaviour:
+    """Each evaluated cell's per-task behaviour, from its trajectories (as `read_scores`)."""
+    from mem1_core.evaluation.behaviour import read_behaviour
+
+    out: Behaviour = {}
+    for path in sorted((Path(eval_dir) / "trajectories").glob("*_n*.parquet")):
+        agent, _, n = path.stem.rpartition("_n")
+        if not n.isdigit():
+            continue
+        if (agents is not None and agent not in agents) or (
+            objectives is not None and int(n) not in objectives
+        ):
+            continue
+        got = read_behaviour(path)
+        if got is not None:
+            out.setdefault(agent, {})[int(n)] = got
+    return out
+
+
+def _behaviour_cell(behaviour: Behaviour, names: list[str], n: int) -> dict[str, Any] | None:
+    """Each behaviour figure of agents `names` (one agent's seeds) at N=`n`: per task averaged
+    over the seeds that have it (None: none does), then the mean ± SE over the tasks that have
+    it (`<figure>`, `<figure>_se`, `<figure>_tasks`); None unless every one played N=`n`."""
+    from mem1_core.evaluation.behaviour import BEHAVIOUR
+
+    cells = [behaviour.get(a, {}).get(n) for a in names]
+    if not cells or any(c is None for c in cells):
+        return None
+    out: dict[str, Any] = {}
+    for key in BEHAVIOUR:
+        per_task = []
+        for t in cells[0]:
+            vals = [c[t][key] for c in cells if t in c and c[t][key] is not None]
+            if vals:
+                per_task.append(_mean(vals))
+        out[key] = _mean(per_task) if per_task else None
+        out[f"{key}_se"] = _se(per_task)
+        out[f"{key}_tasks"] = len(per_task)
     return out
 
 
@@ -174,10 +231,13 @@ def _compare(metric: str, a: dict[str, float], b: dict[str, float], n: int) -> d
     }  # fmt: skip
 
 
-def world_headline(scores: Scores, agents: list[str] | None = None) -> dict[str, Any]:
+def world_headline(
+    scores: Scores, agents: list[str] | None = None, behaviour: Behaviour | None = None
+) -> dict[str, Any]:
     """One world's cells (each agent per seed and pooled) and every comparison the claims
     draw on, per seed and pooled. `agents`: the experiment's agent names, in its order (an
-    evaluated name is split into agent and seed against them)."""
+    evaluated name is split into agent and seed against them); `behaviour`: each cell's
+    per-task behaviour (`read_behaviours`), its means in each cell's `behaviour`."""
     seeds: dict[str, list[int | None]] = {}
     for name in scores:
         base, seed = split_agent(name, agents)
@@ -196,7 +256,12 @@ def world_headline(scores: Scores, agents: list[str] | None = None) -> dict[str,
                 em = _per_task(scores, _names(seeds, agent, seed), n, 0)
                 peak = _per_task(scores, _names(seeds, agent, seed), n, 1)
                 if em is not None:
-                    cells.append({"agent": agent, "seed": seed, "N": n, **_cell(em, peak, n)})
+                    cell = {"agent": agent, "seed": seed, "N": n, **_cell(em, peak, n)}
+                    if behaviour is not None:
+                        cell["behaviour"] = _behaviour_cell(
+                            behaviour, _names(seeds, agent, seed), n
+                        )
+                    cells.append(cell)
     return {"objectives": ns, "seeds": seeds, "cells": cells, "scores": scores}
 
 
@@ -222,6 +287,26 @@ def _holds(claim: Claim, got: dict[str, Any], se_bar: float, ratio_bar: float) -
     se = got.get("se_paired") or got.get("se")
     z = None if not se else got["value"] / se
     return got | {"z": z, "holds": z is not None and z > se_bar}
+
+
+def one_sided_p(z: float | None) -> float:
+    """P(Z > z) for a standard normal Z: the one-sided p-value of a difference `z` of its
+    standard errors above 0 (1 where there is no error to test with)."""
+    return 1.0 if z is None else 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def holm(p: Mapping[str, float], alpha: float) -> dict[str, dict[str, Any]]:
+    """Holm's step-down correction (Holm 1979) of the tests `p` (name -> p-value) at family-wise
+    level `alpha`: sorted p_(1) ≤ … ≤ p_(m), test k is rejected while p_(j) ≤ alpha / (m − j + 1)
+    for every j ≤ k. -> name -> {p, p_holm (the adjusted p-value, max_{j≤k} min(1, (m−j+1)
+    p_(j))), rejected}."""
+    order = sorted(p, key=lambda k: p[k])
+    m, out, running, going = len(order), {}, 0.0, True
+    for j, name in enumerate(order):
+        going = going and p[name] <= alpha / (m - j)
+        running = max(running, min(1.0, (m - j) * p[name]))
+        out[name] = {"p": p[name], "p_holm": running, "rejected": going}
+    return out
 
 
 def judge_claims(
@@ -258,6 +343,47 @@ def judge_claims(
     return out
 
 
+def correct(claims: list[dict[str, Any]], alpha: float) -> None:
+    """Holm over the experiment's difference claims × worlds, in place. A claim × world is one
+    intersection–union test (it holds only where every seed and the pool clear the bar), whose
+    p-value is the largest of its parts' (Berger 1982); Holm keeps the chance that any of the
+    family's claims holds by chance at most `alpha`. Each claim × world gets `p`, `p_holm`,
+    and its verdict `holds` only where Holm rejects; a claim every part of which clears the
+    uncorrected bar while Holm does not reject reads `not after correction`."""
+    tests = {}
+    for i, c in enumerate(claims):
+        if c["metric"] != "em_frac":
+            continue
+        for w, got in c["worlds"].items():
+            parts = [*got["seeds"].values(), got[POOLED]]
+            tests[(i, w)] = max(one_sided_p(g.get("z")) for g in parts)
+    done = holm({f"{i}|{w}": p for (i, w), p in tests.items()}, alpha)
+    for i, w in tests:
+        got, res = claims[i]["worlds"][w], done[f"{i}|{w}"]
+        got["p"], got["p_holm"] = res["p"], res["p_holm"]
+        if got["verdict"] == "holds" and not res["rejected"]:
+            got["verdict"] = "not after correction"
+
+
+def effect_list(effects: tuple) -> list[Claim]:
+    """The experiment's effects (a above b at each N) as comparisons, no claims."""
+    return [Claim(f"{e.a}_vs_{e.b}@{n}", f"{e.a} − {e.b} at N={n}", e.a, e.b, "em_frac", n)
+            for e in effects for n in e.objectives]  # fmt: skip
+
+
+def drivers(world: Mapping[str, Any], a: str, b: str, n: int) -> dict[str, Any]:
+    """What drives a comparison at N=`n` on one world, from the behaviour rows (pooled): for
+    each side, the objectives its answers give, the share found, the share of found answers
+    retained. -> {agent: {answered, found, retention}} (absent: no behaviour row)."""
+    out = {}
+    for agent in (a, b):
+        cell = next((c for c in world["cells"] if c["agent"] == agent and c["seed"] == POOLED
+                     and c["N"] == n), None)  # fmt: skip
+        if cell and cell.get("behaviour"):
+            out[agent] = {k: cell["behaviour"][k] for k in ("answered", "found", "retention")}
+    return out
+
+
 def experiment_headline(
     evals: Mapping[int, Scores],
     own_world: int,
@@ -268,12 +394,24 @@ def experiment_headline(
     agents: list[str] | None = None,
     roles: Mapping[str, str] | None = None,
     above: tuple = (),
+    behaviours: Mapping[int, Behaviour] | None = None,
+    effects: tuple = (),
 ) -> dict[str, Any]:
     """THE experiment headline from each world's per-task scores (`read_scores`); `agents`,
-    `roles`, `above`: the experiment's agent names, its claims' roles and its own claims."""
-    worlds = {str(w): world_headline(s, agents) for w, s in evals.items()}
+    `roles`, `above`: the experiment's agent names, its claims' roles and its own claims;
+    `behaviours`: each world's per-task behaviour (`read_behaviours`); `effects`: differences
+    measured and reported outside the claims (spec.ExperimentSpec.effects)."""
+    worlds = {
+        str(w): world_headline(s, agents, (behaviours or {}).get(w)) for w, s in evals.items()
+    }
     ns = sorted({n for w in worlds.values() for n in w["objectives"]})
     claims = judge_claims(worlds, claims_for(train_n, ns, roles, above), se_bar, ratio_bar)
+    correct(claims, one_sided_p(se_bar))
+    effects = judge_claims(worlds, effect_list(effects), se_bar, ratio_bar)
+    for rows in (claims, effects):
+        for c in rows:
+            for w, got in c["worlds"].items():
+                got["drivers"] = drivers(worlds[w], c["a"], c["b"], c["N"])
     for w in worlds.values():  # the per-task scores stay in the trajectories
         w.pop("scores")
     return {
@@ -284,5 +422,11 @@ def experiment_headline(
         "estimator": ESTIMATOR,
         "worlds": {w: {"own": w == str(own_world), **h} for w, h in worlds.items()},
         "claims": claims,
-        "bars": {"se": se_bar, "peak_ratio": ratio_bar},
+        "bars": {
+            "se": se_bar,
+            "peak_ratio": ratio_bar,
+            "alpha": one_sided_p(se_bar),
+            "tests": sum(1 for c in claims for w in c["worlds"] if c["metric"] == "em_frac"),
+        },
+        "effects": effects,
     }

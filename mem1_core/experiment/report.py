@@ -24,7 +24,7 @@ def write_experiment_headline(spec, cfg, run_dir: Path) -> dict[str, Any]:
     (`mem1 experiment report`) it is the headline so far: `complete` is false, `pending` names
     each unfinished stage, and a claim whose cells are not all played is left out.
     -> {"headline", "markdown", "plots": {title: path}}."""
-    from mem1_core.experiment.headline import experiment_headline, read_scores
+    from mem1_core.experiment.headline import experiment_headline, read_behaviours, read_scores
     from mem1_core.experiment.plan import (
         agent_names,
         arm_runs,
@@ -38,9 +38,12 @@ def write_experiment_headline(spec, cfg, run_dir: Path) -> dict[str, Any]:
     run_dir = Path(run_dir)
     names, worlds = set(agent_names(spec)), eval_worlds(spec, cfg)
     evals = {w: read_scores(world_dirs(run_dir, w)[1], names, set(spec.objectives)) for w in worlds}
+    behaviours = {
+        w: read_behaviours(world_dirs(run_dir, w)[1], names, set(spec.objectives)) for w in worlds
+    }
     h = experiment_headline(
         evals, worlds[0], cfg.data.train_objectives, spec.se_bar, spec.peak_ratio_bar, spec.name,
-        list(spec.agents), spec.roles, spec.above,
+        list(spec.agents), spec.roles, spec.above, behaviours, spec.effects,
     )  # fmt: skip
     pending = [str(s) for s in stage_status(spec, cfg, run_dir) if not s.finished]
     h["complete"], h["pending"] = not pending, pending
@@ -85,23 +88,54 @@ def claim_figure(g: dict[str, Any], metric: str) -> str:
     return text + ("" if g.get("z") is None else f" ({g['z']:+.1f} SE)")
 
 
-def claims_markdown(h: dict[str, Any]) -> str:
+def driver_text(c: dict[str, Any], got: dict[str, Any]) -> str:
+    """What drives a comparison, from the behaviour rows: `mem1-sft answers 2.0 of 4 (found
+    0.50, kept 0.90); mem1-ppo 3.1 (0.62, 0.55)`."""
+    d, n = got.get("drivers") or {}, c["N"]
+
+    def f(b: dict[str, Any], key: str) -> str:
+        return "–" if b.get(key) is None else f"{b[key]:.2f}"
+
+    parts = []
+    for agent in (c["b"], c["a"]):
+        b = d.get(agent)
+        if not b or b.get("answered") is None:
+            continue
+        if not parts:
+            parts.append(f"{agent} answers {b['answered']:.1f} of {n} (found {f(b, 'found')}, "
+                         f"kept {f(b, 'retention')})")  # fmt: skip
+        else:
+            parts.append(f"{agent} {b['answered']:.1f} ({f(b, 'found')}, {f(b, 'retention')})")
+    return "; ".join(parts)
+
+
+def claims_markdown(h: dict[str, Any], key: str = "claims") -> str:
     """One row per claim and world: the verdict, the bar, the pooled figure and each seed's
-    (the verdict beside the claim: a wide table in the UI scrolls, and it is read first)."""
-    seeds = sorted({s for c in h["claims"] for w in c["worlds"].values() for s in w["seeds"]})
-    head = ["claim", "world", "verdict", "bar", POOLED, *(f"seed {s}" for s in seeds)]
+    (the verdict beside the claim: a wide table in the UI scrolls, and it is read first), the
+    Holm-adjusted p-value, and what drives it (the behaviour rows). `key="effects"`: the
+    measured effects, with no verdict, bar or correction."""
+    rows = h.get(key) or []
+    claims = key == "claims"
+    seeds = sorted({s for c in rows for w in c["worlds"].values() for s in w["seeds"]})
+    head = ["claim" if claims else "effect", "world", *(["verdict", "bar"] if claims else []),
+            POOLED, *(f"seed {s}" for s in seeds), *(["p (Holm)"] if claims else []),
+            "what drives it"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-    for c in h["claims"]:
+    for c in rows:
         for w, got in c["worlds"].items():
             own = " (own)" if h["worlds"][w]["own"] else ""
             verdict = got["verdict"]
-            cols = [c["label"], f"{w}{own}", f"**{verdict}**" if verdict == "holds" else verdict,
-                    c["bar"], claim_figure(got[POOLED], c["metric"])]  # fmt: skip
+            cols = [c["label"], f"{w}{own}"]
+            if claims:
+                cols += [f"**{verdict}**" if verdict == "holds" else verdict, c["bar"]]
+            cols.append(claim_figure(got[POOLED], c["metric"]))
             for s in seeds:
                 g = got["seeds"].get(s)
-                cols.append(
-                    claim_figure(g, c["metric"]) + (" ✓" if g["holds"] else "") if g else ""
-                )
+                mark = " ✓" if claims and g and g["holds"] else ""
+                cols.append(claim_figure(g, c["metric"]) + mark if g else "")
+            if claims:
+                cols.append(f"{got['p_holm']:.3g}" if got.get("p_holm") is not None else "–")
+            cols.append(driver_text(c, got))
             lines.append("| " + " | ".join(cols) + " |")
     return "\n".join(lines) + "\n"
 
@@ -135,15 +169,85 @@ def world_markdown(w: str, world: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+BEHAVIOUR_HEAD = ["agent", "N", "answered / N", "queries (distinct)", "turns / budget",
+                  "answered early", "format errors", "found", "retention"]  # fmt: skip
+"""The behaviour table's columns (mem1_core.evaluation.behaviour says what each counts)."""
+
+
+def behaviour_row(label: str, n: int, b: dict[str, Any]) -> str:
+    """One behaviour row: means per task (± SE where a rate or count decides a diagnosis)."""
+
+    def f(key: str, digits: int = 2, se: bool = False) -> str:
+        v = b.get(key)
+        if v is None:
+            return "–"
+        return _pm(v, b.get(f"{key}_se"), digits) if se else f"{v:.{digits}f}"
+
+    cols = [label, str(n), f"{f('answered', 2, True)} / {n}",
+            f"{f('queries', 1)} ({f('distinct_queries', 1)})",
+            f"{f('turns', 1)} / {f('turns_budget', 0)}", f("early"), f("format_errors"),
+            f("found", 2, True), f("retention", 2, True)]  # fmt: skip
+    return "| " + " | ".join(cols) + " |"
+
+
+def behaviour_markdown(world: dict[str, Any]) -> str:
+    """Agents × N on one world: what each did, pooled over its seeds (each task's figure
+    averaged over the seeds, then the mean over tasks), then per seed in a folded block."""
+    head = "| " + " | ".join(BEHAVIOUR_HEAD) + " |\n" + "|---" * len(BEHAVIOUR_HEAD) + "|"
+    pooled, per_seed = [head], [head]
+    for c in world["cells"]:
+        if not c.get("behaviour"):
+            continue
+        if c["seed"] == POOLED:
+            pooled.append(behaviour_row(c["agent"], c["N"], c["behaviour"]))
+        else:
+            per_seed.append(
+                behaviour_row(f"{c['agent']} · seed {c['seed']}", c["N"], c["behaviour"])
+            )
+    if len(pooled) == 1:
+        return ""
+    out = "\n".join(pooled) + "\n"
+    if len(per_seed) > 1:
+        out += (
+            "\n<details><summary>per seed</summary>\n\n" + "\n".join(per_seed) + "\n\n</details>\n"
+        )
+    return out
+
+
+BEHAVIOUR_NOTE = (
+    "Per task: answered, the parts of its `<answer>` (neither empty nor `?`); queries, its "
+    "searches (distinct once normalised); turns against its budget; answered early, an answer "
+    "with fewer distinct queries than objectives (tasks that answered); format errors, invalid "
+    "turns; found, the share of objectives whose gold answer appeared in an `<info>`; "
+    "retention (MEM1's memories), of those found, the share still in the last `<IS>` before "
+    "the answer or in the answer.\n"
+)
+
+
+def claims_heading(h: dict[str, Any]) -> str:
+    """The bars, stated once (their reason: the headline's estimator text)."""
+    bars = h["bars"]
+    return (
+        f"bar: {bars['se']:g} paired SE, one-sided α = {bars.get('alpha', 0):.3f}, "
+        f"Holm-corrected over the {bars.get('tests', 0)} claim × world tests; peak-token ratio "
+        f"≤ {bars['peak_ratio']:g}; ✓ a seed that clears the uncorrected bar"
+    )
+
+
 def headline_markdown(h: dict[str, Any]) -> str:
     parts = [
-        f"## Claims (bars: {h['bars']['se']:g} paired SE; peak-token ratio ≤ "
-        f"{h['bars']['peak_ratio']:g}; ✓ a seed that clears it)\n",
+        f"## Claims ({claims_heading(h)})\n",
         claims_markdown(h) if h["claims"] else "No claim can be judged yet.\n",
     ]
+    if h.get("effects"):
+        parts += ["## Effects (measured, not claimed: fewer seeds than a claim needs; no "
+                  "correction)\n", claims_markdown(h, "effects")]  # fmt: skip
     for w, world in h["worlds"].items():
         body = world_markdown(w, world) if world["cells"] else "No evaluation cell played yet.\n"
         parts.append(f"## World {w}\n\n{body}")
+        if behaviour := behaviour_markdown(world):
+            tag = "the run’s own test split" if world["own"] else "held out"
+            parts.append(f"## Behaviour, world {w} ({tag})\n\n{BEHAVIOUR_NOTE}\n{behaviour}")
     if h.get("walls"):
         cpus = h.get("cpus") or {}
         rows = "\n".join(

@@ -193,7 +193,9 @@ class ExperimentSpec:
                 raise ValueError(
                     f"{where}: eval.plays {name} is also an arm's or warm start's name"
                 )
-            if play.arm not in self.arms:
+            # an entry no agent plays may name an arm an override dropped (smol.yaml's
+            # truncate-ppo under `experiment.arms={mem1-ppo: …}`)
+            if play.arm not in self.arms and name in self.agents:
                 raise ValueError(
                     f"{where}: eval.plays {name} plays arm {play.arm!r}, which the experiment "
                     f"does not train (arms: {list(self.arms)})"
@@ -258,6 +260,7 @@ class ExperimentSpec:
         return {
             "name": self.name, "profile": self.profile, "overrides": list(self.overrides),
             "arms": {a: arm.to_dict() for a, arm in self.arms.items()},
+            "arm_order": list(self.arms),  # a run record's JSON sorts its keys
             "warm_starts": {w: {"set": list(ws.overrides)} for w, ws in self.warm_starts.items()},
             "plays": {p: {"arm": x.arm, "memory": x.memory} for p, x in self.plays.items()},
             "worlds": list(self.worlds),
@@ -280,7 +283,9 @@ class ExperimentSpec:
         tuples = ("overrides", "worlds", "objectives", "agents", "eval_overrides",
                   "curve_objectives")  # fmt: skip
         arms, plays = {}, {p: Play(**x) for p, x in (d.get("plays") or {}).items()}
-        for a, v in d["arms"].items():
+        d = dict(d)
+        order = d.pop("arm_order", None) or list(d["arms"])
+        for a, v in ((a, d["arms"][a]) for a in order):
             if isinstance(v, dict):
                 arms[a] = Arm(v["trainer"], v["memory"], tuple(v["seeds"]), tuple(v.get("set", ())),
                               v.get("warm_start", PLAIN))  # fmt: skip

@@ -43,7 +43,34 @@ def cmd_show(args: argparse.Namespace) -> int:
     questions = _questions(run, args.objectives).get(traj.task_id)
     print(f"{args.agent} (memory {traj.memory}), {path}")
     print(trajectory_text(traj, questions, info_chars=args.info_chars or INFO_CHARS), end="")
+    print(behaviour_lines(traj, trajs))
     return 0
+
+
+def behaviour_lines(traj, trajs) -> str:
+    """The task's behaviour and its cell's mean over every task, one line each."""
+    from mem1_core.evaluation.behaviour import task_behaviour
+
+    def line(b: dict, n: int) -> str:
+        def f(key: str, digits: int = 2) -> str:
+            return "–" if b[key] is None else f"{b[key]:.{digits}f}"
+
+        return (
+            f"answered {f('answered', 1)} of {n}, queries {f('queries', 1)} "
+            f"({f('distinct_queries', 1)} distinct), turns {f('turns', 1)} of "
+            f"{f('turns_budget', 0)}, answered early {f('early')}, format errors "
+            f"{f('format_errors', 1)}, found {f('found')}, retention {f('retention')}"
+        )
+
+    rows = [task_behaviour(t) for t in trajs]
+    mean = {
+        k: (sum(v) / len(v) if (v := [r[k] for r in rows if r[k] is not None]) else None)
+        for k in rows[0]
+    }
+    return (
+        f"behaviour of this task: {line(task_behaviour(traj), traj.n_objectives)}\n"
+        f"behaviour of its cell ({len(trajs)} tasks, mean): {line(mean, traj.n_objectives)}"
+    )
 
 
 def _pick(trajs, task: str, error: type[Exception]):
