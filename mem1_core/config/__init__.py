@@ -7,7 +7,7 @@ every section; a YAML file and `section.field=value` overrides are applied on to
 hands its resolved values to every stage (`config_from_dict`); a stage flow run on its own
 builds it from the same pieces.
 
-- sections.py: world, data, retrieval, model, rollout, teacher;
+- sections.py: env (the domain), world, data, retrieval, model, rollout, teacher;
 - training.py: sft, ppo (the algorithm), pretrain;
 - resources.py: resources (where RL training runs: Ray placement, learner strategy);
 - evaluation.py: eval (the evaluation's scorer);
@@ -28,6 +28,7 @@ from mem1_core.config.run import Config
 from mem1_core.config.sections import (
     MEMORIES,
     DataConfig,
+    EnvConfig,
     ModelConfig,
     RetrievalConfig,
     RolloutConfig,
@@ -38,6 +39,7 @@ from mem1_core.config.training import PPOConfig, PretrainConfig, SFTConfig
 
 __all__ = [
     "MEMORIES",
+    "EnvConfig",
     "SCORER_NAMES",
     "Config",
     "DataConfig",
