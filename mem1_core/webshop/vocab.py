@@ -29,41 +29,29 @@ class ProductKind:
 
 
 # Option groups and their possible values. A product offers a few values of each group.
+# Values within a group are chosen so that WebShop's option matcher tells them apart (a
+# test checks every pair): under its token-set score "x-large" matches "large", "8.5"
+# matches "8", "pack of 4" matches "pack of 6", and colour normalisation makes "navy blue"
+# and "light blue" both "blue"; those would make a wrong click as good as the right one.
 OPTION_VALUES: dict[str, tuple[str, ...]] = {
-    "size": ("x-small", "small", "medium", "large", "x-large", "xx-large"),
-    "shoe size": ("6", "7", "7.5", "8", "8.5", "9", "9.5", "10", "11", "12"),
+    "size": ("xs", "s", "m", "l", "xl", "xxl"),
+    "shoe size": ("6", "7", "8", "9", "10", "11", "12", "13"),
     "color": (
-        "black",
-        "white",
-        "navy blue",
-        "grey",
-        "red",
-        "olive green",
-        "beige",
-        "pink",
-        "light blue",
-        "burgundy",
-        "brown",
-        "purple",
+        "black", "white", "navy", "grey", "red", "olive", "beige", "pink", "teal",
+        "burgundy", "brown", "purple",
     ),
     "scent": ("lavender", "unscented", "coconut", "citrus", "rose", "vanilla", "eucalyptus"),
-    "volume": ("1 fl oz", "2 fl oz", "4 fl oz", "8 fl oz", "16 fl oz"),
+    "volume": ("30 ml", "75 ml", "150 ml", "250 ml", "400 ml"),
     "flavor": (
-        "original",
-        "sea salt",
-        "honey",
-        "dark chocolate",
-        "peanut butter",
-        "cinnamon",
-        "strawberry",
-        "barbecue",
+        "original", "sea salt", "honey", "dark chocolate", "peanut butter", "cinnamon",
+        "strawberry", "barbecue",
     ),
-    "pack size": ("pack of 1", "pack of 2", "pack of 4", "pack of 6", "pack of 12"),
+    "pack size": ("single", "pair", "three pack", "six pack", "twelve pack"),
     "capacity": ("32gb", "64gb", "128gb", "256gb", "512gb"),
-    "style": ("standard", "pro", "mini", "bundle", "travel"),
+    "style": ("classic", "pro", "mini", "bundle", "travel"),
     "finish": ("natural oak", "walnut", "espresso", "white wash", "matte black", "cherry"),
     "furniture size": ("small", "medium", "large", "twin", "full", "queen", "king"),
-}
+}  # fmt: skip
 
 
 # The group name a page shows for a value set, where it differs from the set's key.
@@ -93,7 +81,7 @@ CATEGORIES: dict[str, list[ProductKind]] = {
         "clothing, shoes & jewelry",
         [
             ("running shoes", "shoes", ("non slip", "rubber sole", "arch support",
-             "memory foam", "lightweight", "breathable", "wide toe box", "slip on"),
+             "memory foam", "lightweight", "breathable", "wide toe box", "knit upper"),
              ("shoe size", "color"), (25.0, 140.0)),
             ("hiking boots", "shoes", ("waterproof", "rubber sole", "ankle support",
              "steel toe", "non slip", "leather upper", "lace up", "insulated"),
