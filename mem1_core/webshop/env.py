@@ -46,6 +46,7 @@ from mem1_core.webshop.pages import (
     BUY_NOW,
     SEARCH,
     Page,
+    PageKind,
     apply,
     parse_action,
     render,
@@ -92,6 +93,21 @@ def shop_tasks(shop: Shop, name: str, limit: int | None = None) -> list[Task]:
         Task(f"{name}/{i}", webshop_prompt(g.instruction), [g.instruction], [[g.asin]], [])
         for i, g in enumerate(goals)
     ]
+
+
+def tokenizer_texts(shop: Shop, n_pages: int = 200) -> list[str]:
+    """Text to train a tiny tokenizer on for a shop: every product's search text, every task
+    prompt, and rendered results and item pages (their brackets, `< Prev`, `$` prices and the
+    format hint must be in its vocabulary, or they read as unknown tokens)."""
+    from mem1_core.webshop.search import product_text
+
+    pages = [
+        render(Page(PageKind.ITEM, asin=p.asin), shop.product, 10) for p in shop.products[:n_pages]
+    ]
+    listed = tuple(p.asin for p in shop.products[:n_pages])
+    pages += [render(Page(PageKind.RESULTS, results=listed), shop.product, 10), FORMAT_HINT]
+    prompts = [webshop_prompt(g.instruction) for g in shop.goals]
+    return [product_text(p) for p in shop.products] + prompts + pages
 
 
 class WebShopEnvironment(Environment):
