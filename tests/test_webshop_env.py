@@ -315,7 +315,7 @@ def test_the_teacher_goes_back_from_an_item_without_an_asked_option() -> None:
     from mem1_core.config import RolloutConfig
     from mem1_core.models.tokenizer import train_tiny_tokenizer
     from mem1_core.rollout.loop import rollout
-    from mem1_core.webshop.env import tokenizer_texts
+    from mem1_core.webshop.run import tokenizer_texts
     from mem1_core.webshop.teacher import WebShopTeacher
 
     black_only = _product(
@@ -354,7 +354,7 @@ def test_the_teacher_shops_well_on_an_embedded_shop() -> None:
     from mem1_core.models.tokenizer import train_tiny_tokenizer
     from mem1_core.rollout.loop import rollout
     from mem1_core.webshop.catalog import generate_shop
-    from mem1_core.webshop.env import tokenizer_texts
+    from mem1_core.webshop.run import tokenizer_texts
     from mem1_core.webshop.teacher import WebShopTeacher
 
     shop = generate_shop(3, 300, 24)

@@ -17,7 +17,6 @@ from mem1_core.models.model import load_model
 from mem1_core.models.policy import adopt_init_tokenizer, ensure_tokenizer
 from mem1_core.rollout.env import make_env
 from mem1_core.rollout.inputs import load_tasks, prepare
-from mem1_core.rollout.teacher import ScriptedTeacher, can_play
 from mem1_core.runs import atomic
 from mem1_core.runs.layout import PPO_FULL, PPO_MEM1, SFT_MEM1, WARM_START, RunPaths, resolve_init
 
@@ -101,7 +100,7 @@ def run_objective_scaling(
         for name, path, memory in agents
     ]  # fmt: skip
     every = [t for ts in tasks_by_n.values() for t in ts]
-    if teacher and not can_play(every):
+    if teacher and env.scripted_teacher(every, cfg.teacher, lapses=False) is None:
         if not built:
             raise ValueError(
                 "nothing to evaluate: the scripted teacher plays only the world's tasks (their "
@@ -114,7 +113,7 @@ def run_objective_scaling(
         # memory costs when the play is perfect
         # in the state format the run's teacher taught, without its lapses
         for name, memory in (("teacher", "mem1"), ("teacher-full", "full")):
-            scripted = ScriptedTeacher.from_config(tok, every, cfg.teacher, lapses=False)
+            scripted = env.scripted_teacher(every, cfg.teacher, lapses=False)
             built.append(Agent(name, memory, None, scripted, source="scripted teacher"))
     out = Path(out_dir)
     # a rerun into the same directory resumes at the first cell not yet played under this

@@ -112,6 +112,17 @@ class QAEnvironment(Environment):
         for (tr, _), hits in zip(queries, results, strict=True):
             self.set_info(tr, format_passages(hits))
 
+    def scripted_teacher(self, tasks: list, cfg, *, lapses: bool = True, seed_offset: int = 0):
+        """The world's teacher (mem1_core.rollout.teacher), which plays only tasks with plans
+        (the world's, not real QA data's)."""
+        from mem1_core.rollout.teacher import ScriptedTeacher, can_play
+
+        if not can_play(tasks):
+            return None
+        return ScriptedTeacher.from_config(
+            self.tok, tasks, cfg, lapses=lapses, seed_offset=seed_offset
+        )
+
     def search(self, queries: list[str]) -> list[list[Hit]]:
         return self.retriever.search(queries, self.topk) if queries else []
 
@@ -134,7 +145,7 @@ def _qa_env(cfg: Config, paths: RunPaths, tokenizer, retriever: Retriever | None
 def _webshop_env(
     cfg: Config, paths: RunPaths, tokenizer, retriever: Retriever | None
 ) -> Environment:
-    from mem1_core.webshop.env import make_webshop_env
+    from mem1_core.webshop.run import make_webshop_env
 
     return make_webshop_env(cfg, paths, tokenizer)
 

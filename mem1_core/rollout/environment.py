@@ -176,6 +176,13 @@ class Environment(ABC):
         episode ends, the trajectory's `done` and its outcome (QA: `answer`, `em`, `f1`;
         WebShop: `score`)."""
 
+    def scripted_teacher(self, tasks: list, cfg, *, lapses: bool = True, seed_offset: int = 0):
+        """The domain's scripted teacher for `tasks` as a generation backend (the warm start's
+        data and the evaluation's reference rows), or None where it cannot play them. `cfg`:
+        the run's TeacherConfig; `lapses`: its deliberate errors (SFT's data has them, the
+        evaluation's reference rows play without)."""
+        return None
+
     def metrics(self, trajs: list[Trajectory]) -> dict[str, float]:
         """The domain's own summary of finished trajectories (beside reward, peak tokens,
         dependency and time, which every domain reports): none by default."""

@@ -33,30 +33,23 @@ environment serves both splits.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 from mem1_core.data.prompts import INFO_CLOSE, INFO_OPEN, IS_CLOSE, IS_OPEN, QUERY_CLOSE, QUERY_OPEN
 from mem1_core.models.tags import TagCodec
 from mem1_core.rollout.environment import Environment
 from mem1_core.rollout.loop import Task
 from mem1_core.trajectory.record import Action, Trajectory
-from mem1_core.webshop.catalog import Goal, Product, Shop, generate_shop
+from mem1_core.webshop.catalog import Goal, Product, Shop
 from mem1_core.webshop.pages import (
     BUY_NOW,
     SEARCH,
     Page,
-    PageKind,
     apply,
     parse_action,
     render,
 )
 from mem1_core.webshop.reward import webshop_reward
 from mem1_core.webshop.search import ShopSearch
-
-if TYPE_CHECKING:
-    from mem1_core.config import Config
-    from mem1_core.runs.layout import RunPaths
 
 WEBSHOP_INSTRUCTIONS = (
     f"You are shopping in WebShop. Each turn write {IS_OPEN} {IS_CLOSE}, your only memory: keep "
@@ -93,21 +86,6 @@ def shop_tasks(shop: Shop, name: str, limit: int | None = None) -> list[Task]:
         Task(f"{name}/{i}", webshop_prompt(g.instruction), [g.instruction], [[g.asin]], [])
         for i, g in enumerate(goals)
     ]
-
-
-def tokenizer_texts(shop: Shop, n_pages: int = 200) -> list[str]:
-    """Text to train a tiny tokenizer on for a shop: every product's search text, every task
-    prompt, and rendered results and item pages (their brackets, `< Prev`, `$` prices and the
-    format hint must be in its vocabulary, or they read as unknown tokens)."""
-    from mem1_core.webshop.search import product_text
-
-    pages = [
-        render(Page(PageKind.ITEM, asin=p.asin), shop.product, 10) for p in shop.products[:n_pages]
-    ]
-    listed = tuple(p.asin for p in shop.products[:n_pages])
-    pages += [render(Page(PageKind.RESULTS, results=listed), shop.product, 10), FORMAT_HINT]
-    prompts = [webshop_prompt(g.instruction) for g in shop.goals]
-    return [product_text(p) for p in shop.products] + prompts + pages
 
 
 class WebShopEnvironment(Environment):
@@ -230,6 +208,13 @@ class WebShopEnvironment(Environment):
         tr.answer = f"{product.asin} ({chosen})" if chosen else product.asin
         tr.score, tr.em, tr.f1, tr.done = r.total, [float(r.success)], [r.total], True
 
+    def scripted_teacher(self, tasks: list, cfg, *, lapses: bool = True, seed_offset: int = 0):
+        """The WebShop teacher (mem1_core.webshop.teacher): it plays any of the shops' goals;
+        it has no deliberate lapses (the QA teacher's knobs do not apply)."""
+        from mem1_core.webshop.teacher import WebShopTeacher
+
+        return WebShopTeacher(self.tok, self)
+
     def metrics(self, trajs: list[Trajectory]) -> dict[str, float]:
         """The paper's WebShop columns: average reward ×100, success rate (reward 1), turns
         used, format errors per task, and how many bought anything."""
@@ -243,41 +228,3 @@ class WebShopEnvironment(Environment):
             "format_errors": sum(t.format_errors for t in trajs) / n,
             "bought": sum(t.answer is not None for t in trajs) / n,
         }
-
-
-def shop_name(seed: int) -> str:
-    return f"shop{seed}"
-
-
-def ensure_shop(cfg: Config, paths: RunPaths, seed: int) -> Path:
-    """The embedded shop of `seed` under the run's `shops/`, generated where missing."""
-    out = paths.root / "shops" / shop_name(seed)
-    if not (out / "manifest.json").is_file():
-        generate_shop(seed, cfg.env.n_products, cfg.env.n_goals).save(out)
-    return out
-
-
-def run_shops(cfg: Config, paths: RunPaths) -> dict[str, str]:
-    """split -> shop name of a run: `train` the training shop, `test` the held-out one (a
-    converted shop, `env.shop_dir`, serves both)."""
-    if cfg.env.shop_dir is not None:
-        return {"train": "shop", "test": "shop"}
-    return {"train": shop_name(cfg.env.shop_seed), "test": shop_name(cfg.env.eval_shop_seed)}
-
-
-def make_webshop_env(cfg: Config, paths: RunPaths, tokenizer) -> WebShopEnvironment:
-    """The run's environment: its training and held-out shops, its page sizes."""
-    if cfg.env.shop_dir is not None:
-        shops = {"shop": Shop.load(cfg.env.shop_dir)}
-    else:
-        shops = {
-            shop_name(s): Shop.load(ensure_shop(cfg, paths, s))
-            for s in (cfg.env.shop_seed, cfg.env.eval_shop_seed)
-        }
-    return WebShopEnvironment(
-        tokenizer,
-        shops,
-        results_per_page=cfg.env.results_per_page,
-        max_results=cfg.env.max_results,
-        chat_template=cfg.rollout.chat_template,
-    )

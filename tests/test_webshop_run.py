@@ -1,0 +1,77 @@
+"""A WebShop run's pieces through the pipeline's own entry points: `env.kind=webshop` selects
+the shops, their task files, the tokenizer and the environment; the scripted teacher's
+trajectories, the evaluation's rescoring and its summary take them like QA's."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+
+from mem1_core.config import load_config
+
+SMALL = [
+    "env.n_products=80",
+    "env.n_goals=12",
+    "data.max_eval_tasks=6",
+    "model.tokenizer_vocab=900",
+]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    from mem1_core.models.policy import ensure_tokenizer
+    from mem1_core.rollout.env import make_env
+    from mem1_core.rollout.inputs import prepare
+
+    cfg = load_config("webshop-smoke", None, SMALL)
+    paths = prepare(cfg, tmp_path_factory.mktemp("webshop-run"))
+    tok = ensure_tokenizer(cfg, paths)
+    return cfg, paths, tok, make_env(cfg, paths, tok)
+
+
+def test_the_run_has_a_training_shop_a_held_out_shop_and_no_index(run) -> None:
+    from mem1_core.rollout.inputs import load_tasks
+    from mem1_core.webshop.catalog import generate_shop
+
+    cfg, paths, tok, env = run
+    assert env.kind == "webshop" and sorted(env.shops) == ["shop0", "shop1"]
+    assert not paths.indexes.exists()  # no retriever: the shop searches itself
+    train, test = load_tasks(cfg, paths, "train", 1), load_tasks(cfg, paths, "test", 1)
+    assert len(train) == 12 and len(test) == 6
+    assert {t.task_id.split("/")[0] for t in train} == {"shop0"}
+    assert {t.task_id.split("/")[0] for t in test} == {"shop1"}  # held out: another seed
+    held_out = generate_shop(1, 80, 12)
+    assert [t.questions[0] for t in test] == [g.instruction for g in held_out.goals[:6]]
+    table = pq.read_table(paths.task_file("test", 1))
+    assert table["difficulty"].to_pylist() == [g.difficulty for g in held_out.goals[:6]]
+    with pytest.raises(ValueError, match="one objective"):
+        load_tasks(cfg, paths, "test", 2)
+
+
+def test_teacher_data_rescoring_and_summary(run) -> None:
+    from mem1_core.evaluation.evaluate import rescore
+    from mem1_core.evaluation.summary import summarize
+    from mem1_core.rollout.inputs import load_tasks
+    from mem1_core.training.sft import has_teacher, teacher_trajectories
+
+    cfg, paths, tok, env = run
+    assert has_teacher(cfg)
+    tasks = load_tasks(cfg, paths, "test", 1)
+    trajs = teacher_trajectories(tasks, tok, env, cfg.rollout, memory="mem1")
+    assert all(t.done and t.format_errors == 0 for t in trajs)
+    assert not any(tok.unk_token in x.gen_text for t in trajs for x in t.turns)
+    # evaluation's rescoring (a QA scorer) leaves a domain's own reward alone
+    assert [t.reward for t in rescore(trajs, "squad")] == [t.reward for t in trajs]
+    s = summarize(trajs)
+    rewards = [t.score for t in trajs]
+    assert s["reward_x100"] == pytest.approx(100 * sum(rewards) / len(rewards))
+    assert s["success_rate"] == pytest.approx(sum(r == 1.0 for r in rewards) / len(rewards))
+    assert s["em_frac"] == pytest.approx(sum(rewards) / len(rewards))
+
+
+def test_a_qa_run_has_no_webshop_columns() -> None:
+    from mem1_core.evaluation.summary import summarize
+    from mem1_core.trajectory.record import Trajectory
+
+    traj = Trajectory("t", "mem1", [1, 2], [["a"]], em=[1.0], f1=[1.0], done=True)
+    assert "reward_x100" not in summarize([traj]) and traj.reward == 1.0
