@@ -75,3 +75,26 @@ def test_a_qa_run_has_no_webshop_columns() -> None:
 
     traj = Trajectory("t", "mem1", [1, 2], [["a"]], em=[1.0], f1=[1.0], done=True)
     assert "reward_x100" not in summarize([traj]) and traj.reward == 1.0
+
+
+def test_reward_and_peak_tokens_by_difficulty(tmp_path) -> None:
+    """Grouped by hand: two tasks of difficulty 2 (rewards 1 and 0.5), one of 3 (reward 0)."""
+    from mem1_core.trajectory.record import Action, Trajectory, Turn
+    from mem1_core.webshop.difficulty import by_difficulty, write_difficulty
+
+    def traj(task_id: str, score: float, context: int) -> Trajectory:
+        tr = Trajectory(task_id, "mem1", [1], [["x"]], score=score, done=True)
+        tr.turns = [Turn([], [7] * 10, [], Action.CLICK, context_tokens=context)]
+        return tr
+
+    trajs = {"a": [traj("s/0", 1.0, 100), traj("s/1", 0.5, 200), traj("s/2", 0.0, 300)]}
+    rows = by_difficulty(trajs, {"s/0": 2, "s/1": 2, "s/2": 3})
+    assert [(r["difficulty"], r["tasks"]) for r in rows] == [(2, 2), (3, 1)]
+    assert rows[0]["reward_x100"] == pytest.approx(75.0)
+    assert rows[0]["reward_x100_se"] == pytest.approx(100 * 0.25)  # sd 0.3536 / sqrt(2)
+    assert rows[0]["success_rate"] == 0.5 and rows[0]["peak_tokens"] == pytest.approx(160.0)
+    assert rows[1]["reward_x100"] == 0.0 and rows[1]["peak_tokens"] == 310.0
+    out = write_difficulty(trajs, {"s/0": 2, "s/1": 2, "s/2": 3}, tmp_path)
+    assert (tmp_path / "difficulty.png").stat().st_size > 0 and out["table"].endswith(".json")
+    with pytest.raises(KeyError, match="no difficulty"):
+        by_difficulty(trajs, {"s/0": 2})

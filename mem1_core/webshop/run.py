@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from mem1_core.config import Config
     from mem1_core.runs.layout import RunPaths
 
-TASKS_VERSION = "webshop-tasks-1"
+TASKS_VERSION = "webshop-tasks-2"
 """Written into a task file's metadata; a file of another version is written again."""
 
 WEBSHOP_TEST_GOALS = 500
@@ -37,6 +37,7 @@ WEBSHOP_TEST_GOALS = 500
 TASK_SCHEMA = pa.schema(
     [
         ("task_id", pa.string()),
+        ("sources", pa.list_(pa.string())),
         ("n_objectives", pa.int32()),
         ("questions", pa.list_(pa.string())),
         ("golden_answers", pa.list_(pa.list_(pa.string()))),
@@ -131,6 +132,7 @@ def ensure_shop_tasks(cfg: Config, paths: RunPaths, split: str, n: int) -> Path:
         rows.append(
             {
                 "task_id": t.task_id,
+                "sources": [name],
                 "n_objectives": 1,
                 "questions": t.questions,
                 "golden_answers": t.golden_answers,
