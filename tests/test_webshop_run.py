@@ -98,3 +98,14 @@ def test_reward_and_peak_tokens_by_difficulty(tmp_path) -> None:
     assert (tmp_path / "difficulty.png").stat().st_size > 0 and out["table"].endswith(".json")
     with pytest.raises(KeyError, match="no difficulty"):
         by_difficulty(trajs, {"s/0": 2})
+
+
+def test_every_env_kind_has_an_environment_and_a_bad_kind_says_which() -> None:
+    from mem1_core.config.sections import ENV_KINDS
+    from mem1_core.rollout.env import ENVIRONMENTS
+
+    assert set(ENV_KINDS) == set(ENVIRONMENTS)
+    with pytest.raises(ValueError, match="env.kind='shop': use one of qa, webshop"):
+        load_config("smoke", None, ["env.kind=shop"])
+    with pytest.raises(ValueError, match="held-out shop"):
+        load_config("webshop-smoke", None, ["env.eval_shop_seed=0"])

@@ -64,7 +64,9 @@ def difficulty_plot(rows: list[dict], path: str | Path) -> Path:
             xs, [r["reward_x100"] for r in mine], yerr=se, marker="o", capsize=3, label=agent
         )
         right.plot(xs, [r["peak_tokens"] for r in mine], marker="o", label=agent)
+    ticks = sorted({r["difficulty"] for r in rows})
     for ax, label in ((left, "reward ×100 (± SE)"), (right, "peak tokens (mean per task)")):
+        ax.set_xticks(ticks)
         ax.set_xlabel("instruction difficulty (attributes + options)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
