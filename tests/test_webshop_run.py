@@ -109,3 +109,19 @@ def test_every_env_kind_has_an_environment_and_a_bad_kind_says_which() -> None:
         load_config("smoke", None, ["env.kind=shop"])
     with pytest.raises(ValueError, match="held-out shop"):
         load_config("webshop-smoke", None, ["env.eval_shop_seed=0"])
+
+
+def test_a_converted_shop_serves_both_splits_divided_as_webshop_divides_its_goals(tmp_path) -> None:
+    """`env.shop_dir`: one shop, its first quarter of goals the test set here (WebShop: its
+    first 500 of 12,087; a shop of under 1,000 goals keeps a quarter)."""
+    from mem1_core.runs.layout import RunPaths
+    from mem1_core.webshop.catalog import generate_shop
+    from mem1_core.webshop.run import run_shops, split_goals
+
+    generate_shop(5, 40, 12).save(tmp_path / "shop")
+    cfg = load_config("webshop-smoke", None, [f"env.shop_dir={tmp_path / 'shop'}"])
+    assert split_goals(cfg, "test") == ("shop", range(0, 3))
+    assert split_goals(cfg, "train") == ("shop", range(3, 12))
+    assert list(run_shops(cfg, RunPaths(tmp_path / "run"))) == ["shop"]
+    with pytest.raises(ValueError, match="train or test"):
+        split_goals(cfg, "dev")
