@@ -60,9 +60,10 @@ def compose_tasks(
     cfg = build_config(profile, config_path, overrides, config)
     paths = RunPaths(Path(out_dir).resolve() if out_dir else run_dir(runs_root, f"data-{profile}"))
     world_dir = None
-    if cfg.data.source == "world":
+    if cfg.data.source == "world" and cfg.env.kind == "qa":  # WebShop: the shops, with its tasks
         world_dir, seconds = build_world(cfg, paths)
         print(f"world ready in {world_dir} ({seconds:.2f}s)")
+    # N=1 is the warm start's (QA); a WebShop task is one objective, N=1 only
     train_ns = sorted({cfg.data.train_objectives, 1, *(objectives or [])})
     test_ns = sorted({cfg.data.train_objectives, *cfg.data.eval_objectives, *(objectives or [])})
     results = [compose_one(cfg, paths, "train", n) for n in train_ns]

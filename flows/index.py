@@ -71,6 +71,9 @@ def build_index_flow(
     from mem1_core.retrieval.run_index import index_options, prebuilt_index
 
     cfg = build_config(profile, config_path, overrides, config)
+    if cfg.env.kind != "qa":
+        print(f"env.kind={cfg.env.kind}: its environment searches by itself, no index to build")
+        return {"kind": "none"}
     if cfg.retrieval.url is not None:
         print(f"retrieval served at {cfg.retrieval.url}: no index to build")
         return {"url": cfg.retrieval.url, "kind": cfg.retrieval.kind}

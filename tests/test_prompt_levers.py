@@ -15,7 +15,6 @@ from mem1_core.data.prompts import (
     turns_left_hint,
 )
 from mem1_core.rollout.env import QAEnvironment, info_body
-from mem1_core.rollout.loop import _set_info
 from mem1_core.trajectory.record import Action, Trajectory, Turn
 
 
@@ -43,8 +42,6 @@ def _turn(info: str = "") -> Turn:
 def test_the_progress_hint_counts_the_questions_no_result_has_answered(
     small_tokenizer, small_index
 ):
-    from mem1_core.config import RolloutConfig
-
     env = QAEnvironment(small_tokenizer, small_index, topk=2, progress_hint=True)
     tr = Trajectory("t", "mem1", [1], [["Ada Lovelace", "Ada"], ["1887"], ["Paris"]], max_turns=6)
     bodies = [
@@ -56,7 +53,7 @@ def test_the_progress_hint_counts_the_questions_no_result_has_answered(
     unfound = []
     for body in bodies:
         tr.turns.append(_turn())
-        _set_info(env, RolloutConfig(), tr, tr.turns[-1], body)
+        env.set_info(tr, body)
         hint = tr.turns[-1].info_text.rsplit("\n", 1)[1]
         unfound.append(int(hint.split("; ")[1].split()[0]))
         assert info_body(tr.turns[-1].info_text) == body  # one hint line: the body reads back
@@ -65,5 +62,5 @@ def test_the_progress_hint_counts_the_questions_no_result_has_answered(
     # off: the paper's hint alone
     plain = QAEnvironment(small_tokenizer, small_index, topk=2)
     tr.turns.append(_turn())
-    _set_info(plain, RolloutConfig(), tr, tr.turns[-1], "No results.")
+    plain.set_info(tr, "No results.")
     assert tr.turns[-1].info_text.endswith(f"\n{turns_left_hint(1)}</info>")

@@ -315,9 +315,9 @@ def test_the_teacher_takes_nothing_from_a_recall_that_brings_nothing_back(
 ):
     """Facts come only from the recalled <info>, never from the teacher's own plan: with a
     store that answers every recall "No results.", what it forgot stays `?`."""
-    import mem1_core.rollout.loop as loop
+    import mem1_core.rollout.env as qa_env
 
-    monkeypatch.setattr(loop, "recall", lambda traj, query: "No results.")
+    monkeypatch.setattr(qa_env, "recall", lambda traj, query: "No results.")
     tasks = _tasks(small_world, 2)[:10]
     trajs = rollout(
         tasks,

@@ -7,7 +7,7 @@ every section; a YAML file and `section.field=value` overrides are applied on to
 hands its resolved values to every stage (`config_from_dict`); a stage flow run on its own
 builds it from the same pieces.
 
-- sections.py: world, data, retrieval, model, rollout, teacher;
+- sections.py: env (the domain), world, data, retrieval, model, rollout, teacher;
 - training.py: sft, ppo (the algorithm), trajectory (how the learner scores a pruned
   trajectory), pretrain;
 - resources.py: resources (where RL training runs: Ray placement, learner strategy);
@@ -29,6 +29,7 @@ from mem1_core.config.run import Config
 from mem1_core.config.sections import (
     MEMORIES,
     DataConfig,
+    EnvConfig,
     ModelConfig,
     RetrievalConfig,
     RolloutConfig,
@@ -39,6 +40,7 @@ from mem1_core.config.training import PPOConfig, PretrainConfig, SFTConfig, Traj
 
 __all__ = [
     "MEMORIES",
+    "EnvConfig",
     "SCORER_NAMES",
     "Config",
     "DataConfig",

@@ -8,6 +8,7 @@ from mem1_core.config.evaluation import EvalConfig
 from mem1_core.config.resources import ResourcesConfig
 from mem1_core.config.sections import (
     DataConfig,
+    EnvConfig,
     ModelConfig,
     RetrievalConfig,
     RolloutConfig,
@@ -24,6 +25,7 @@ class Config(Section):
 
     profile: str = "tiny"
     """The profile whose YAML file (`data/profiles/NAME.yaml`) set the sections' defaults."""
+    env: EnvConfig = field(default_factory=EnvConfig)
     world: WorldConfig = field(default_factory=WorldConfig)
     data: DataConfig = field(default_factory=DataConfig)
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)

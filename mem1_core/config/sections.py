@@ -50,6 +50,49 @@ class WorldConfig(Section):
             raise ValueError("near_duplicate_fraction must be in [0, 1)")
 
 
+ENV_KINDS = ("qa", "webshop")
+"""The domains (mem1_core.rollout.env.ENVIRONMENTS)."""
+
+
+@dataclass(frozen=True)
+class EnvConfig(Section):
+    """The domain the agent acts in: its environment (mem1_core.rollout.environment). The rest
+    of the pipeline (memory, rollout, PPO, SFT, evaluation, flows) is the same for every one."""
+
+    kind: str = "qa"
+    """`qa`: multi-objective question answering with a retriever (the world or QA data).
+    `webshop`: WebShop's shopping tasks (mem1_core.webshop), search and click in a shop."""
+    shop_seed: int = 0
+    """`webshop`: the seed of the embedded shop that training goals come from."""
+    eval_shop_seed: int = 1
+    """`webshop`: the seed of the held-out shop that evaluation goals come from (its own
+    products and goals: nothing of it is seen in training)."""
+    n_products: int = 2000
+    """`webshop`: products in each embedded shop."""
+    n_goals: int = 500
+    """`webshop`: instructions (goals) in each embedded shop."""
+    shop_dir: str | None = None
+    """`webshop`: a shop converted from WebShop's released files (`mem1 data webshop --out
+    DIR`) to use instead of the embedded ones, for training and evaluation alike."""
+    results_per_page: int = 10
+    """`webshop`: results shown on one results page (WebShop: 10)."""
+    max_results: int = 50
+    """`webshop`: results a search returns in all, over its pages (WebShop: 50)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ENV_KINDS:
+            raise ValueError(f"env.kind={self.kind!r}: use one of {', '.join(ENV_KINDS)}")
+        if self.n_products < 1 or self.n_goals < 1:
+            raise ValueError("env.n_products and env.n_goals must be >= 1")
+        if not 1 <= self.results_per_page <= self.max_results:
+            raise ValueError("need 1 <= env.results_per_page <= env.max_results")
+        if self.shop_seed == self.eval_shop_seed and self.shop_dir is None:
+            raise ValueError(
+                "env.eval_shop_seed must differ from env.shop_seed: evaluation is on a held-out "
+                "shop"
+            )
+
+
 @dataclass(frozen=True)
 class DataConfig(Section):
     """Where questions come from and how they are composed into N-objective tasks."""

@@ -66,10 +66,14 @@ def run_eval(
 
 def rescore(trajs: list[Trajectory], scorer: str) -> list[Trajectory]:
     """`trajs` with EM and F1 per objective from the scorer `scorer` (the rollout scored them
-    with the training reward, `squad`); the trajectories themselves are left as they were."""
+    with the training reward, `squad`); the trajectories themselves are left as they were. A
+    domain with its own score (WebShop) keeps what its environment recorded."""
     score = SCORERS[scorer]
     out = []
     for t in trajs:
+        if t.score is not None:
+            out.append(t)
+            continue
         em, f1 = score(t.answer, t.golden_answers)
         out.append(dataclasses.replace(t, em=em, f1=f1))
     return out

@@ -23,7 +23,7 @@ from mem1_core.data.prompts import (
     IS_OPEN,
     split_answers,
 )
-from mem1_core.rollout.env import info_body
+from mem1_core.rollout.environment import info_body
 from mem1_core.runs import atomic
 from mem1_core.trajectory.record import Action, Trajectory, read_trajectories
 

@@ -17,7 +17,6 @@ from mem1_core.models.model import load_model
 from mem1_core.models.policy import adopt_init_tokenizer, ensure_tokenizer
 from mem1_core.rollout.env import make_env
 from mem1_core.rollout.inputs import load_tasks, prepare
-from mem1_core.rollout.teacher import ScriptedTeacher, can_play
 from mem1_core.runs import atomic
 from mem1_core.runs.layout import PPO_FULL, PPO_MEM1, SFT_MEM1, WARM_START, RunPaths, resolve_init
 
@@ -118,7 +117,7 @@ def run_objective_scaling(
         for name, path, memory in agents
     ]  # fmt: skip
     every = [t for ts in tasks_by_n.values() for t in ts]
-    if teacher and not can_play(every):
+    if teacher and env.scripted_teacher(every, cfg.teacher, lapses=False) is None:
         if not built:
             raise ValueError(
                 "nothing to evaluate: the scripted teacher plays only the world's tasks (their "
@@ -131,7 +130,7 @@ def run_objective_scaling(
         # memory costs when the play is perfect
         # in the state format the run's teacher taught, without its lapses
         for name, memory in (("teacher", "mem1"), ("teacher-full", "full")):
-            scripted = ScriptedTeacher.from_config(tok, every, cfg.teacher, lapses=False)
+            scripted = env.scripted_teacher(every, cfg.teacher, lapses=False)
             built.append(Agent(name, memory, None, scripted, source="scripted teacher"))
     out = Path(out_dir)
     # a rerun into the same directory resumes at the first cell not yet played under this
@@ -162,5 +161,28 @@ def run_objective_scaling(
         "samples": {agent: str(path) for agent, path in samples.items()},
         "table": str(out / "metrics.csv"),
     }
+    if cfg.env.kind == "webshop":  # the domain's stand-in for N: instruction difficulty
+        result["difficulty"] = _webshop_difficulty(cfg, paths, out, [a.name for a in built], ns)
     atomic.write_json(result, out / "summary.json")
     return result
+
+
+def _webshop_difficulty(cfg, paths: RunPaths, out: Path, agents: list[str], ns) -> dict[str, str]:
+    """Reward and peak tokens by instruction difficulty (mem1_core.webshop.difficulty), from the
+    cells' trajectories and the test task file's difficulty column."""
+    import pyarrow.parquet as pq
+
+    from mem1_core.data.run_tasks import ensure_tasks
+    from mem1_core.trajectory.record import read_trajectories
+    from mem1_core.webshop.difficulty import write_difficulty
+
+    difficulty: dict[str, int] = {}
+    trajs = {}
+    for n in ns:
+        t = pq.read_table(ensure_tasks(cfg, paths, "test", n), columns=["task_id", "difficulty"])
+        difficulty |= dict(zip(*t.to_pydict().values(), strict=True))
+        for agent in agents:
+            cell = out / "trajectories" / f"{agent}_n{n}.parquet"
+            if cell.is_file():
+                trajs.setdefault(agent, []).extend(read_trajectories(cell))
+    return write_difficulty(trajs, difficulty, out)

@@ -42,6 +42,11 @@ def summarize(trajs: Sequence[Trajectory], seconds: float | None = None) -> dict
         "dependency": sum(t.dependency for t in trajs) / n,
         "gen_tokens": float(sum(len(x.gen_ids) for t in trajs for x in t.turns)),
     }
+    scored = [t.score for t in trajs if t.score is not None]
+    if scored:  # a domain with its own reward (WebShop): the paper's columns for it
+        out["reward_x100"] = 100.0 * sum(scored) / len(scored)
+        out["reward_x100_se"] = 100.0 * standard_error(scored)
+        out["success_rate"] = sum(s == 1.0 for s in scored) / len(scored)
     if seconds is not None:
         out["seconds_per_task"] = seconds / n
     return out

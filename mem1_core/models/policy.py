@@ -22,7 +22,8 @@ from mem1_core.runs.layout import RunPaths
 
 def ensure_tokenizer(cfg: Config, paths: RunPaths):
     """The run's tokenizer: a hub model's; else the base's (`model.base`: one tokenizer for
-    every run and world); else the tiny tokenizer trained on the world corpus and prompts."""
+    every run and world); else the tiny tokenizer trained on the world corpus and prompts (on
+    the training shop's text and pages for WebShop)."""
     if (paths.tokenizer / ADOPTED).is_file():  # a policy's own: the profile's model yields
         return load_tokenizer(paths.tokenizer)
     if cfg.model.name_or_path is not None:
@@ -33,6 +34,12 @@ def ensure_tokenizer(cfg: Config, paths: RunPaths):
         check_base(cfg.model.base)
         adopt_init_tokenizer(cfg, paths, resolve_base(cfg.model.base))
         return load_tokenizer(paths.tokenizer)
+    if not (paths.tokenizer / "tokenizer.json").exists() and cfg.env.kind == "webshop":
+        from mem1_core.webshop.run import training_shop_texts
+
+        tok = train_tiny_tokenizer(training_shop_texts(cfg, paths), cfg.model.tokenizer_vocab)
+        with atomic_dir(paths.tokenizer) as tmp:
+            tok.save_pretrained(tmp)
     if not (paths.tokenizer / "tokenizer.json").exists():
         world = ensure_world(cfg, paths)
         corpus = pq.read_table(world / "corpus.parquet")["contents"].to_pylist()

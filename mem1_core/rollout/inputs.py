@@ -50,6 +50,6 @@ def prepare(cfg: Config, root: str | Path) -> RunPaths:
     for n in cfg.data.eval_objectives:
         ensure_tasks(cfg, paths, "test", n)
     ensure_tokenizer(cfg, paths)
-    if cfg.retrieval.url is None:  # a retrieval server holds its own index
+    if cfg.retrieval.url is None and cfg.env.kind == "qa":  # a server holds its own index
         ensure_run_index(cfg, paths)
     return paths

@@ -1,12 +1,11 @@
-"""The multi-turn rollout: a batch of tasks, a generation backend, the QA environment and a
-memory policy -> trajectories.
+"""The multi-turn rollout: a batch of tasks, a generation backend, an environment (any
+domain: mem1_core.rollout.environment) and a memory policy -> trajectories.
 
 Each turn, every live trajectory's context is rebuilt from id segments by the memory policy
-(never from decoded text, docs/design.md §4.1), all live contexts are generated together, every
-query of the turn goes to the retriever in one batched call, and each trajectory records
-its context references, generated ids and log-probs, info ids and timing. Under a recall
-memory (`mem1+recall`) a `recall: …` query is answered from the trajectory's own earlier
-blocks instead (mem1_core.rollout.recall); its block is that turn's info ids like any other.
+(never from decoded text, docs/design.md §4.1), all live contexts are generated together, the
+environment acts on every new turn in one call (the QA retriever answers every query of the
+turn in one batched call), and each trajectory records its context references, generated ids
+and log-probs, info ids and timing. The loop never asks which domain it runs.
 """
 
 from __future__ import annotations
@@ -19,11 +18,9 @@ import torch
 from tqdm.auto import tqdm
 
 from mem1_core.config import RolloutConfig
-from mem1_core.evaluation.metrics import mentions
-from mem1_core.rollout.env import FORMAT_HINT, QAEnvironment, format_passages, info_body
+from mem1_core.rollout.environment import Environment
 from mem1_core.rollout.generation import GenerationBackend, SamplingParams, TurnCache
-from mem1_core.rollout.memory import get_memory, has_recall
-from mem1_core.rollout.recall import recall, recall_query
+from mem1_core.rollout.memory import get_memory
 from mem1_core.trajectory.record import Action, Trajectory, Turn
 
 
@@ -50,7 +47,7 @@ def tasks_from_table(table: pa.Table) -> list[Task]:
 def rollout(
     tasks: list[Task],
     backend: GenerationBackend,
-    env: QAEnvironment,
+    env: Environment,
     cfg: RolloutConfig,
     *,
     memory: str | None = None,
@@ -127,7 +124,7 @@ def rollout(
                     context_tokens=len(ctx),
                     gen_seconds=per,
                 )
-        _env_step(env, cfg, trajs, live, new_turns)
+        _env_step(env, trajs, live, new_turns)
         still = [i for i in live if not trajs[i].done]
         if turn_kv is not None:
             for i in set(live) - set(still):
@@ -139,55 +136,14 @@ def rollout(
 
 
 def _env_step(
-    env: QAEnvironment,
-    cfg: RolloutConfig,
-    trajs: list[Trajectory],
-    live: list[int],
-    new_turns: dict[int, Turn],
+    env: Environment, trajs: list[Trajectory], live: list[int], new_turns: dict[int, Turn]
 ) -> None:
     t0 = time.perf_counter()
-    queries: list[tuple[int, str]] = []
     for i in live:
-        tr, turn = trajs[i], new_turns[i]
-        tr.turns.append(turn)
-        parsed = env.parse(turn.gen_ids, turn.finish)
-        turn.action, turn.gen_text = parsed.action, env.tok.decode(turn.gen_ids)
-        turn.format_error = parsed.error
-        last = len(tr.turns) >= tr.max_turns
-        if parsed.action is Action.ANSWER:
-            tr.answer = parsed.text
-            tr.em, tr.f1 = env.score(parsed.text, tr.golden_answers)
-            tr.done = True
-        elif last:  # the budget is exhausted without an answer: reward 0
-            tr.em, tr.f1 = env.score(None, tr.golden_answers)
-            tr.done = True
-        elif parsed.action is Action.QUERY:
-            turn.query = parsed.text
-            asked = recall_query(parsed.text) if has_recall(tr.memory) else None
-            if asked is not None:  # answered from the trajectory's own pruned blocks
-                _set_info(env, cfg, tr, turn, recall(tr, asked))
-            else:
-                queries.append((i, parsed.text))
-        else:
-            _set_info(env, cfg, tr, turn, FORMAT_HINT)
-    results = env.search([q for _, q in queries])
-    for (i, _), hits in zip(queries, results, strict=True):
-        _set_info(env, cfg, trajs[i], new_turns[i], format_passages(hits))
+        trajs[i].turns.append(new_turns[i])
+    env.step([trajs[i] for i in live])
     per = (time.perf_counter() - t0) / max(len(live), 1)
     for i in live:
         new_turns[i].env_seconds = per
         tr = trajs[i]
         tr.wall_seconds += new_turns[i].gen_seconds + per
-
-
-def _set_info(
-    env: QAEnvironment, cfg: RolloutConfig, tr: Trajectory, turn: Turn, body: str
-) -> None:
-    turns_left = tr.max_turns - len(tr.turns)
-    progress = None
-    if env.progress_hint:  # beyond the paper: the questions no <info> has answered yet
-        seen = [info_body(t.info_text) for t in tr.turns[:-1] if t.info_text] + [body]
-        unfound = sum(not any(mentions(x, golds) for x in seen) for golds in tr.golden_answers)
-        progress = (tr.n_objectives, unfound)
-    turn.info_text = env.info_block(body, turns_left, progress)
-    turn.info_ids = env.encode(turn.info_text)

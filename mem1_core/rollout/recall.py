@@ -31,7 +31,7 @@ import math
 import re
 from collections import Counter
 
-from mem1_core.rollout.env import NO_RESULTS, info_body
+from mem1_core.rollout.environment import NO_RESULTS, info_body
 from mem1_core.rollout.memory import has_recall
 from mem1_core.trajectory.record import Action, Trajectory
 

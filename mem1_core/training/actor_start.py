@@ -86,7 +86,7 @@ def start_runtime(
     from mem1_core.retrieval.ray_actor import start_retriever_actor
     from mem1_core.retrieval.run_index import ensure_run_index
 
-    index = None if cfg.retrieval.url else ensure_run_index(cfg, paths)
+    index = None if cfg.retrieval.url or cfg.env.kind != "qa" else ensure_run_index(cfg, paths)
     # Not reused: an FSDP group (its process group) and vLLM engines (a second engine in
     # the same process would not get the first one's GPU memory back).
     reusable = not fsdp and backend != "vllm"

@@ -27,7 +27,6 @@ from tqdm.auto import tqdm
 from mem1_core.config import TeacherConfig
 from mem1_core.models.model import compute_context, enable_gradient_checkpointing, save_model
 from mem1_core.rollout.loop import Task, rollout
-from mem1_core.rollout.teacher import ScriptedTeacher
 from mem1_core.runs import atomic
 from mem1_core.runs.progress import Progress as StageProgress
 from mem1_core.trajectory.logprobs import forward_tree
@@ -44,8 +43,9 @@ NO_TEACHER = (
 
 
 def has_teacher(cfg) -> bool:
-    """Whether the run's tasks have teacher trajectories to learn from (SFT needs them)."""
-    return cfg.data.source == "world"
+    """Whether the run's tasks have teacher trajectories to learn from (SFT needs them): the
+    world's tasks, and WebShop's goals."""
+    return cfg.env.kind == "webshop" or cfg.data.source == "world"
 
 
 def has_warm_start(cfg) -> bool:
@@ -64,11 +64,11 @@ def teacher_trajectories(
     teacher: TeacherConfig | None = None,
     seed_offset: int = 0,
 ) -> list[Trajectory]:
-    """The scripted teacher `teacher` describes (the default: faithful, the plain state)
-    playing `tasks`, lapses included (ScriptedTeacher.from_config)."""
-    player = ScriptedTeacher.from_config(
-        tokenizer, tasks, teacher or TeacherConfig(), seed_offset=seed_offset
-    )
+    """The domain's scripted teacher (`env.scripted_teacher`; in QA the one `teacher`
+    describes, the default: faithful, the plain state) playing `tasks`, lapses included."""
+    player = env.scripted_teacher(tasks, teacher or TeacherConfig(), seed_offset=seed_offset)
+    if player is None:
+        raise ValueError(NO_TEACHER)
     return rollout(tasks, player, env, rollout_cfg, memory=memory)
 
 
@@ -323,7 +323,7 @@ def train_sft(
     )
     memory = memory or cfg.rollout.memory
     sources = [(cfg, paths, env)]
-    if cfg.data.source == "world":
+    if cfg.data.source == "world" and cfg.env.kind == "qa":
         for k in range(cfg.sft.teacher_worlds):
             sub_cfg, sub_paths = teacher_world(cfg, paths, k)
             sources.append((sub_cfg, sub_paths, make_env(sub_cfg, sub_paths, tok)))

@@ -34,7 +34,10 @@ class SegmentKind(StrEnum):
 
 class Action(StrEnum):
     QUERY = "query"
+    """A `<query>`: a search (QA's retriever, WebShop's `search[…]`)."""
     ANSWER = "answer"
+    CLICK = "click"
+    """WebShop's `click[…]`, written in a `<query>` (mem1_core.webshop.env)."""
     INVALID = "invalid"
 
 
@@ -79,6 +82,9 @@ class Trajectory:
     sample: int = 0
     wall_seconds: float = 0.0
     max_turns: int = 0
+    score: float | None = None
+    """A domain's task reward where it is not exact match per objective (WebShop's goal score,
+    0..1); None in QA, whose reward is the EM fraction."""
 
     @property
     def n_objectives(self) -> int:
@@ -86,7 +92,10 @@ class Trajectory:
 
     @property
     def reward(self) -> float:
-        """The task reward: EM as a fraction of objectives (0..1)."""
+        """The task reward (0..1): the domain's `score` where it has one, else EM as a
+        fraction of objectives."""
+        if self.score is not None:
+            return self.score
         return sum(self.em) / len(self.em) if self.em else 0.0
 
     @property
@@ -172,6 +181,7 @@ TRAJECTORY_SCHEMA = pa.schema(
         ("dependency", pa.int64()),
         ("wall_seconds", pa.float64()),
         ("max_turns", pa.int32()),
+        ("score", pa.float64()),
         ("turn_context", pa.list_(pa.list_(_REF))),
         ("turn_gen_ids", pa.list_(pa.list_(pa.int32()))),
         ("turn_gen_logprobs", pa.list_(pa.list_(pa.float32()))),
@@ -213,6 +223,7 @@ def to_table(trajs: list[Trajectory]) -> pa.Table:
                 "dependency": tr.dependency,
                 "wall_seconds": tr.wall_seconds,
                 "max_turns": tr.max_turns,
+                "score": tr.score,
                 "turn_context": [
                     [
                         {"kind": r.kind.value, "turn": r.turn, "start": r.start, "end": r.end}
@@ -276,6 +287,7 @@ def from_table(table: pa.Table) -> list[Trajectory]:
                 sample=r["sample"],
                 wall_seconds=r["wall_seconds"],
                 max_turns=r["max_turns"],
+                score=r.get("score"),  # files written before domains had scores lack it
             )
         )
     return out
