@@ -158,3 +158,39 @@ def test_a_resumed_evaluation_counts_its_reused_cells_once(setting, monkeypatch,
     reused = total - len(tasks_by_n[2])
     assert seen[0] == (reused, reused, total, False)
     assert max(done for _, done, _, _ in seen) == total and seen[-1] == (reused, total, total, True)
+
+
+def test_a_cell_from_before_a_config_field_existed_is_reused_where_it_keeps_its_default(
+    setting, played, tmp_path
+):
+    """The key hashes the whole config, so a field added to the code later changes it; the
+    record's settings show the cell was played as that field's default plays, and it counts.
+    Off its default, or a field that was there and changed, it is played again."""
+    from mem1_core.config import Config, config_json
+
+    tok, env, tasks_by_n, agents = setting
+    now = json.loads(config_json(Config()))
+    before = json.loads(json.dumps(now))
+    del before["trajectory"]  # as if the section were added after the cells were played
+    del before["rollout"]["keep_answers_prompt"]
+    evaluate_scaling(
+        _named(agents()), tok, env, tasks_by_n, CFG, tmp_path, False, key="k1", settings=before
+    )
+    played.clear()
+    evaluate_scaling(
+        _named(agents()), tok, env, tasks_by_n, CFG, tmp_path, False, key="k2", settings=now
+    )
+    assert played == []  # new fields at their defaults: the same play
+    on = json.loads(json.dumps(now))
+    on["rollout"]["keep_answers_prompt"] = True
+    evaluate_scaling(
+        _named(agents()), tok, env, tasks_by_n, CFG, tmp_path, False, key="k3", settings=on
+    )
+    assert played == ALL
+    played.clear()
+    hotter = json.loads(json.dumps(on))
+    hotter["rollout"]["temperature"] = 0.5  # a field both records have, changed
+    evaluate_scaling(
+        _named(agents()), tok, env, tasks_by_n, CFG, tmp_path, False, key="k4", settings=hotter
+    )
+    assert played == ALL

@@ -190,3 +190,36 @@ def _build_from(values: dict[str, Any], source: str | None) -> Config:
 
 def config_json(cfg: Any) -> str:
     return json.dumps(dataclasses.asdict(cfg), sort_keys=True)
+
+
+_ABSENT = object()
+
+
+def config_changes(old: dict, new: dict, skip: tuple[str, ...] = ()) -> list[str]:
+    """The keys (`section.field`, or a top-level key) whose values differ between two resolved
+    configs as JSON (`config_json`), `skip` naming sections or fields to leave out.
+
+    A key the old config lacks was added to the code after it was written; what it recorded
+    ran as that key's default does (a new option defaults to the behaviour before it), so it
+    differs only where the new value is not the default. Without this, every new config field
+    would keep every run (and every evaluation cell) made before it from being resumed."""
+    defaults = json.loads(config_json(Config()))
+
+    def differs(key: str, was: Any, default: Any, now: Any) -> bool:
+        return key not in skip and (default if was is _ABSENT else was) != now
+
+    out = []
+    for s, sec in new.items():
+        if s in skip:
+            continue
+        if not isinstance(sec, dict):
+            if differs(s, old.get(s, _ABSENT), defaults.get(s, _ABSENT), sec):
+                out.append(s)
+            continue
+        was, default = old.get(s) or {}, defaults.get(s) or {}
+        out += [
+            f"{s}.{k}"
+            for k, v in sec.items()
+            if differs(f"{s}.{k}", was.get(k, _ABSENT), default.get(k, _ABSENT), v)
+        ]
+    return sorted(out)

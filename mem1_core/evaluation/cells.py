@@ -38,16 +38,35 @@ class Cell:
     """The agent's saved policy directory, where it has one (what another process loads)."""
 
 
-def cell_record(key: str | None, source: str, memory: str, scorer: str, tasks: list[Task]) -> dict:
+def cell_record(
+    key: str | None,
+    source: str,
+    memory: str,
+    scorer: str,
+    tasks: list[Task],
+    settings: dict | None = None,
+) -> dict:
     """What decides a cell's play: the evaluation's key (its settings, its world), the agent's
-    source (its weights' identity) and memory, the scorer, and the tasks in order."""
-    return {
+    source (its weights' identity) and memory, the scorer, and the tasks in order; with
+    `settings`, the config the key hashes (JSON), which lets a cell recorded before a config
+    field existed count where that field keeps its default."""
+    record = {
         "key": key,
         "source": source,
         "memory": memory,
         "scorer": scorer,
         "task_ids": [t.task_id for t in tasks],
     }
+    return record | ({"settings": settings} if settings is not None else {})
+
+
+def _same_settings(saved: dict, wanted: dict) -> bool:
+    """Two keys differ, yet the settings behind them are the same but for config fields added
+    since the saved cell was played, each at its default (config_changes' rule)."""
+    from mem1_core.config.loader import config_changes
+
+    old, new = saved.get("settings"), wanted.get("settings")
+    return old is not None and new is not None and not config_changes(old, new)
 
 
 def trajectories_path(out_dir: str | Path, agent: str, n: int) -> Path:
@@ -83,7 +102,10 @@ def finished_cell(cell: Cell) -> tuple[list[Trajectory], float] | None:
         trajs = read_trajectories(path)
     except (OSError, ValueError, TypeError, KeyError, pa.ArrowException):
         return None
-    if {k: saved.get(k) for k in cell.record} != cell.record:
+    exact = {k: v for k, v in cell.record.items() if k not in ("key", "settings")}
+    if {k: saved.get(k) for k in exact} != exact:
+        return None
+    if saved.get("key") != cell.record.get("key") and not _same_settings(saved, cell.record):
         return None
     if [t.task_id for t in trajs] != cell.record["task_ids"]:
         return None

@@ -73,6 +73,7 @@ def evaluate_scaling(
     scorer: str = "squad",
     key: str | None = None,
     player: CellPlayer | None = None,
+    settings: dict | None = None,
 ) -> pd.DataFrame:
     """Every agent on every N, answers scored by `scorer`; writes
     trajectories/<agent>_n<N>.parquet and metrics.{parquet,csv}.
@@ -81,7 +82,9 @@ def evaluate_scaling(
     writes trajectories/<agent>_n<N>.cell.json, and a rerun into the same `out_dir` reuses a
     cell whose record matches (key, the agent's source and memory, the scorer, the same tasks
     in the same order) instead of playing it again: an interrupted evaluation resumes at the
-    cell it stopped in. Anything else is played afresh and overwritten.
+    cell it stopped in. Anything else is played afresh and overwritten. `settings` (the config
+    the key hashes, as JSON) go into the record too, so that a cell whose key differs only by
+    config fields added since, each at its default, is still reused (cells.finished_cell).
 
     With `player`, the cells still to play of every agent with a `policy` go to it first (the
     vLLM engine in its own venv: mem1_core.evaluation.vllm_cells); the cells it finished are
@@ -89,7 +92,8 @@ def evaluate_scaling(
     out = Path(out_dir)
     cells = [
         Cell(agent.name, n, tasks, trajectories_path(out, agent.name, n),
-             cell_record(key, agent.source, agent.memory, scorer, tasks), agent.policy)
+             cell_record(key, agent.source, agent.memory, scorer, tasks, settings),
+             agent.policy)
         for agent in agents for n, tasks in sorted(tasks_by_n.items()) if tasks
     ]  # fmt: skip
     by_name = {a.name: a for a in agents}

@@ -144,6 +144,7 @@ def run_objective_scaling(
     table = evaluate_scaling(
         built, tok, env, tasks_by_n, cfg.rollout, out,
         progress=progress, scorer=cfg.eval.scorer, key=key.hexdigest(), player=player,
+        settings=json.loads(json.dumps(settings, default=str)),
     )  # fmt: skip
     plots = scaling_plots(table, out)
     samples = write_samples(

@@ -46,31 +46,13 @@ restores the RNG and optimiser state exactly, whichever checkpoint it starts fro
 
 def training_changes(old: dict, new: dict) -> list[str]:
     """The config fields (`section.field`) whose values differ between two resolved configs
-    (config_json's), outside the evaluation-only sections and the NEUTRAL fields.
+    (config_json's), outside the evaluation-only sections and the NEUTRAL fields; a field the
+    old record lacks (added to the code after the run began) differs only off its default
+    (mem1_core.config.loader.config_changes)."""
+    from mem1_core.config.loader import config_changes
 
-    A field the old record lacks was added to the code after the run began; the run trained
-    as its default does (a new option defaults to the behaviour before it), so it differs only
-    where the new value is not that default. Without this, every new config field would stop
-    every run in progress from resuming."""
-    defaults = _defaults()
-    return sorted(
-        f"{s}.{k}"
-        for s, sec in new.items()
-        if isinstance(sec, dict) and s not in EVAL_ONLY and s not in NEUTRAL
-        for k in sec
-        if f"{s}.{k}" not in NEUTRAL
-        and (old.get(s) or {}).get(k, (defaults.get(s) or {}).get(k, _ABSENT)) != sec[k]
-    )
-
-
-_ABSENT = object()
-
-
-def _defaults() -> dict:
-    """Every config field's default value, as config_json writes a config."""
-    from mem1_core.config import Config, config_json
-
-    return json.loads(config_json(Config()))
+    changed = config_changes(old, new, skip=(*EVAL_ONLY, *NEUTRAL))
+    return [k for k in changed if "." in k]
 
 
 def _record(spec: ExperimentSpec, cfg) -> dict:
