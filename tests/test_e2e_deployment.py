@@ -36,6 +36,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # Every stage of the smoke pipeline (two PPO runs on shared Ray actors included): ~2 min on an
 # idle 2-core box (measured 119.6 s), several times that on a loaded one.
 E2E_TIMEOUT_S = 600
+# The WebShop smoke pipeline reads pages (~150 tokens a turn): in process it ran in 1 min 51 s
+# beside another training on a 2-core box; the watch allows for a slower, loaded one.
+WEBSHOP_E2E_TIMEOUT_S = 900
 
 
 # ---- fast tests ---------------------------------------------------------------------------
@@ -360,6 +363,40 @@ def test_train_eval_deployment_runs_on_a_worker(deployed, tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert "mem1-ppo" in summary["headline_text"] and summary["wandb"]
     assert json.loads((run_dir / "progress.json").read_text())["final"]
+
+
+@pytest.mark.server
+@pytest.mark.slow
+@needs_server
+def test_webshop_train_eval_deployment_runs_on_a_worker(deployed, tmp_path):
+    """The same deployment on the WebShop domain (`webshop-smoke`): every stage runs on the
+    shops, and the evaluation has the domain's columns and its difficulty plot."""
+    runs_root = tmp_path / "runs"
+    worker = launch.start_worker(tmp_path / "worker.log")
+    try:
+        cmd = [launch.prefect_exe(), "deployment", "run", launch.DEPLOYMENT,
+               "--param", "profile=webshop-smoke", "--param", f"runs_root={runs_root}",
+               "--param", "run_name=ws", "--watch", "--watch-timeout", str(WEBSHOP_E2E_TIMEOUT_S)]  # fmt: skip
+        t0 = time.perf_counter()
+        timeout = WEBSHOP_E2E_TIMEOUT_S + 60
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        print(f"webshop: prefect deployment run --watch: {time.perf_counter() - t0:.1f} s")
+        out = done.stdout + done.stderr
+        assert done.returncode == 0, out + (tmp_path / "worker.log").read_text()[-4000:]
+    finally:
+        stop_process_tree(worker)
+    run_dir = runs_root / "ws"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["stages_run"] == list(PIPELINE)
+    assert not (run_dir / "world").exists() and (run_dir / "shops").is_dir()
+    for rel in ("eval/metrics.csv", "eval/difficulty.png", "eval/difficulty.json"):
+        assert (run_dir / rel).exists(), rel
+    table = pd.read_csv(run_dir / "eval" / "metrics.csv")
+    assert {"warm-start", "mem1-ppo", "full-ppo", "teacher"} <= set(table["agent"])
+    assert {"reward_x100", "success_rate"} <= set(table.columns)
+    assert set(table["n_objectives"]) == {1}
+    # the scripted teacher shops well on the held-out shop (measured: ~96 on a large shop)
+    assert table.loc[table["agent"] == "teacher", "reward_x100"].iloc[0] >= 70
 
 
 @pytest.mark.server
