@@ -36,8 +36,6 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
-
 log = logging.getLogger(__name__)
 
 AUTO = "auto"
@@ -127,6 +125,8 @@ def decide_bf16(speedup: float) -> bool:
 def probe_speedup(size: int = 256, repeats: int = 5) -> float:
     """bf16 matmul speed over float32's on this CPU: best of `repeats`, interleaved so that a
     burst of load from another process hits both dtypes alike."""
+    import torch  # here, not at the top: flows import this module and must load no torch
+
     gen = torch.Generator().manual_seed(0)
     a32, b32 = (torch.randn(size, size, generator=gen) for _ in range(2))
     a16, b16 = a32.bfloat16(), b32.bfloat16()
@@ -146,6 +146,8 @@ def probe_speedup(size: int = 256, repeats: int = 5) -> float:
 
 
 def _onednn_bf16() -> bool | None:
+    import torch
+
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
@@ -168,6 +170,8 @@ def resolve_autocast(autocast: str | None, device: str = "cpu") -> str | None:
     if device != "cpu":
         if autocast != AUTO:
             return autocast
+        import torch
+
         native = device == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
         choice = "bfloat16" if native else None
         log.info("model.autocast=auto -> %s on %s", choice or "the weights' dtype", device)
@@ -201,6 +205,8 @@ def describe_auto(device: str = "cpu") -> str:
 def machine_record(autocast: str | None = None) -> dict:
     """What a run ran on, for its run.json: the CPU, torch, a GPU if any, and the compute dtype
     `model.autocast` resolved to in the process that wrote it."""
+    import torch
+
     cuda = torch.cuda.is_available()
     record: dict = {"cpu": cpu_info().to_dict(), "torch": torch.__version__}
     if cuda:
