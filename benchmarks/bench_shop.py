@@ -13,22 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 
 
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main() -> None:
+    from mem1_core.models.compute import cpu_info
     from mem1_core.webshop.catalog import generate_shop
     from mem1_core.webshop.reward import webshop_reward
     from mem1_core.webshop.search import ShopSearch
@@ -71,7 +61,7 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "cpu": cpu_name(),
+                "cpu": cpu_info().describe(),
                 "seed": args.seed,
                 "products": args.products,
                 "goals": args.goals,

@@ -15,23 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 
 
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo), else what platform says."""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main() -> None:
+    from mem1_core.models.compute import cpu_info
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--products", type=int, default=2000)
@@ -81,7 +71,7 @@ def main() -> None:
                     "bought_target": round(sum(exact) / len(exact), 3),
                     "peak_tokens": round(statistics.mean(t.peak_tokens for t in trajs), 1),
                     "seconds": round(time.perf_counter() - t0, 1),
-                    "cpu": cpu_name(),
+                    "cpu": cpu_info().describe(),
                 }
             )
         )

@@ -7,7 +7,7 @@ The estimators are ESTIMATOR's.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,16 +59,9 @@ def read_scores(
     import pyarrow.parquet as pq
 
     out: Scores = {}
-    for path in sorted((Path(eval_dir) / "trajectories").glob("*_n*.parquet")):
-        agent, _, n = path.stem.rpartition("_n")
-        if not n.isdigit():
-            continue
-        if (agents is not None and agent not in agents) or (
-            objectives is not None and int(n) not in objectives
-        ):
-            continue
+    for agent, n, path in _cell_files(eval_dir, agents, objectives):
         t = pq.read_table(path, columns=["task_id", "reward", "peak_tokens"]).to_pydict()
-        out.setdefault(agent, {})[int(n)] = {
+        out.setdefault(agent, {})[n] = {
             str(i): (float(r), float(p))
             for i, r, p in zip(t["task_id"], t["reward"], t["peak_tokens"], strict=True)
         }
@@ -86,18 +79,24 @@ def read_behaviours(
     from mem1_core.evaluation.behaviour import read_behaviour
 
     out: Behaviour = {}
+    for agent, n, path in _cell_files(eval_dir, agents, objectives):
+        got = read_behaviour(path)
+        if got is not None:
+            out.setdefault(agent, {})[n] = got
+    return out
+
+
+def _cell_files(
+    eval_dir: str | Path, agents: set[str] | None, objectives: set[int] | None
+) -> Iterator[tuple[str, int, Path]]:
+    """(agent, N, trajectories file) of each evaluated cell, only `agents`' at `objectives`
+    where given."""
     for path in sorted((Path(eval_dir) / "trajectories").glob("*_n*.parquet")):
         agent, _, n = path.stem.rpartition("_n")
         if not n.isdigit():
             continue
-        if (agents is not None and agent not in agents) or (
-            objectives is not None and int(n) not in objectives
-        ):
-            continue
-        got = read_behaviour(path)
-        if got is not None:
-            out.setdefault(agent, {})[int(n)] = got
-    return out
+        if (agents is None or agent in agents) and (objectives is None or int(n) in objectives):
+            yield agent, int(n), path
 
 
 def _behaviour_cell(behaviour: Behaviour, names: list[str], n: int) -> dict[str, Any] | None:
