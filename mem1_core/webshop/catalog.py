@@ -134,6 +134,30 @@ class Goal:
         if not self.price_upper > 0:
             raise ShopFormatError(f"goal for {self.asin}: price_upper must be > 0")
 
+    @classmethod
+    def of(
+        cls,
+        product: Product,
+        instruction: str,
+        attributes: list[str] | tuple[str, ...],
+        options: dict[str, str],
+        price_upper: float,
+    ) -> Goal:
+        """A goal whose target is `product`: its type, category, query and name are the
+        product's (what WebShop's type reward compares)."""
+        return cls(
+            asin=product.asin,
+            instruction=instruction,
+            attributes=tuple(attributes),
+            options=options,
+            price_upper=price_upper,
+            product_type=product.product_type,
+            category=product.category,
+            query=product.query,
+            name=product.title,
+            product_category=product.product_category,
+        )
+
     @property
     def difficulty(self) -> int:
         """Requirements to meet besides the price: attributes plus options (the domain's N)."""
@@ -400,18 +424,7 @@ def synthetic_goal(product: Product, rng: random.Random, n_attributes: int) -> G
     text = rng.choice(_INSTRUCTIONS).format(
         type=product.product_type, be="are" if plural else "is", attrs=_and_list(attrs)
     )
-    return Goal(
-        asin=product.asin,
-        instruction=f"{text}{option_text(options)}{price_text}",
-        attributes=tuple(attrs),
-        options=options,
-        price_upper=upper,
-        product_type=product.product_type,
-        category=product.category,
-        query=product.query,
-        name=product.title,
-        product_category=product.product_category,
-    )
+    return Goal.of(product, f"{text}{option_text(options)}{price_text}", attrs, options, upper)
 
 
 def generate_shop(seed: int, n_products: int, n_goals: int) -> Shop:

@@ -187,27 +187,6 @@ def _product(f: _Fields, attributes: list[str], rng: random.Random) -> Product:
     )
 
 
-def _goal(
-    product: Product,
-    instruction: str,
-    attributes: list[str],
-    options: dict[str, str],
-    upper: float,
-) -> Goal:
-    return Goal(
-        asin=product.asin,
-        instruction=instruction,
-        attributes=tuple(attributes),
-        options=options,
-        price_upper=upper,
-        product_type=product.product_type,
-        category=product.category,
-        query=product.query,
-        name=product.title,
-        product_category=product.product_category,
-    )
-
-
 def _grouped(product: Product, values: list[str]) -> dict[str, str]:
     """A human goal's option values keyed by the product's group holding each value."""
     out: dict[str, str] = {}
@@ -292,7 +271,7 @@ def convert_webshop(
                 options = _grouped(p, e.str_list("instruction_options"))
                 upper, price_text = price_bound(p.price, rng)
                 text = e.text("instruction").strip(".") + price_text
-                goal_list.append(_goal(p, text, attributes, options, upper))
+                goal_list.append(Goal.of(p, text, attributes, options, upper))
         elif goals == "synthetic" and p.asin in ins:
             e = _Fields(Path(instructions), f"asin {p.asin}", ins[p.asin])
             instruction = e.obj.get("instruction")
@@ -307,7 +286,7 @@ def convert_webshop(
             for combination in itertools.product(*(p.options[n] for n in names)):
                 options = dict(zip(names, combination, strict=True))
                 text = f"{instruction}{option_text(options)}{price_text}"
-                goal_list.append(_goal(p, text, attributes, options, upper))
+                goal_list.append(Goal.of(p, text, attributes, options, upper))
     report.products, report.goals = len(products), len(goal_list)
     manifest = {
         "source": "webshop",
