@@ -176,6 +176,7 @@ def test_summaries_carry_the_standard_error_of_the_em_fraction():
         SimpleNamespace(
             em_sum=r,
             reward=r,
+            score=None,  # QA: no domain reward of its own
             f1=[r],
             peak_tokens=10,
             dependency=1,

@@ -23,10 +23,10 @@ imitate on a shop, not 1.
 from __future__ import annotations
 
 from mem1_core.data.prompts import IS_CLOSE, IS_OPEN, QUERY_CLOSE, QUERY_OPEN
+from mem1_core.rollout.environment import Environment
 from mem1_core.rollout.generation import Generation
 from mem1_core.trajectory.record import Action, Trajectory
 from mem1_core.webshop.catalog import NO_PRICE_BOUND, Goal, Product
-from mem1_core.webshop.env import WebShopEnvironment
 from mem1_core.webshop.pages import (
     BACK_TO_SEARCH,
     BUY_NOW,
@@ -71,7 +71,9 @@ class WebShopTeacher:
 
     reads_trajectories = True
 
-    def __init__(self, tokenizer, env: WebShopEnvironment):
+    def __init__(self, tokenizer, env: Environment):
+        # `env` is the WebShopEnvironment that builds this teacher (typed by its base: the
+        # environment imports the teacher, so the teacher does not import it back)
         self.tok = tokenizer
         self.env = env
 
