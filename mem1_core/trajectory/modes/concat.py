@@ -9,7 +9,7 @@ What it gets wrong (docs/design.md §6):
   generated turn t from the prompt, the last `<IS>`/`<query>` and the last `<info>`; here
   turn t reads every earlier turn and `<info>` block too. The official code meant to hide
   them with a 2D mask, but cast it to bf16 1.0/0.0 and passed it as an additive bias, which
-  masks nothing (MIT-MI/MEM1 issue #10); this mode is what that code computes.
+  masks nothing (https://github.com/MIT-MI/MEM1/issues/10); this mode is what that code computes.
 - Positions grow without bound: turn t's tokens sit at their offset in the whole
   concatenation, not in the context they were generated from (the tree's depths).
 So the PPO ratio at the first epoch is not 1 and the learner's log-probs differ from the
