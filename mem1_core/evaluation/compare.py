@@ -168,8 +168,4 @@ def plot_trend(trend: pd.DataFrame, path: str | Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.autofmt_xdate()
-    out = Path(path)
-    with atomic.atomic_path(out) as tmp:
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return out
+    return atomic.write_figure(fig, path, dpi=110)

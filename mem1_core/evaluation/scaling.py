@@ -164,10 +164,7 @@ def write_table(table: pd.DataFrame, stem: Path) -> None:
 
 
 def _save(fig, path: Path) -> Path:
-    with atomic.atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return atomic.write_figure(fig, path)
 
 
 def plot_metric_vs_n(

@@ -126,3 +126,13 @@ def write_text(text: str, path: str | os.PathLike) -> Path:
 
 def write_json(obj: Any, path: str | os.PathLike, default: Callable | None = str) -> Path:
     return write_text(json.dumps(obj, indent=2, sort_keys=True, default=default) + "\n", path)
+
+
+def write_figure(fig, path: str | os.PathLike, dpi: int = 120) -> Path:
+    """A matplotlib figure as a PNG at `path`, atomically, and closed (its memory freed)."""
+    import matplotlib.pyplot as plt
+
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=dpi, bbox_inches="tight")
+    plt.close(fig)
+    return Path(path)

@@ -74,11 +74,7 @@ def difficulty_plot(rows: list[dict], path: str | Path) -> Path:
     right.set_title("Peak tokens vs difficulty")
     left.legend()
     fig.tight_layout()
-    out = Path(path)
-    with atomic.atomic_path(out) as tmp:
-        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return out
+    return atomic.write_figure(fig, path)
 
 
 def write_difficulty(
