@@ -1,13 +1,48 @@
-"""Shared fixtures: a small world generated once per session (the smoke profile's size)."""
+"""Shared fixtures: a small world generated once per session (the smoke profile's size), and
+how pytest-xdist workers share the tests (modules whole; those that share a server together)."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Under `-n 2` two workers share the cores: torch on every core in each would wait at
+    # OpenMP's barriers for a thread the other worker's process holds (docs/performance.md,
+    # "Threads"). One thread each, set before torch loads; children inherit it.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+SHARED = {
+    # one Prefect server's work pool, deployments and worker (one module's fixture, the other
+    # modules use it or the pool): their tests run one after another
+    "test_e2e_deployment.py": "prefect-server",
+    "test_experiment_deployment.py": "prefect-server",
+    "test_launch_follow.py": "prefect-server",
+}
+"""Test modules that share a machine-wide resource -> the unit they are scheduled as."""
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: absent under -p no:xdist
+def pytest_xdist_make_scheduler(config, log):
+    """`./dev test` runs pytest-xdist with `--dist loadfile`: a module's tests run on one
+    worker, so its fixtures (a loaded SmolLM2, a trained tiny base) are built once, and the
+    modules in SHARED run on one worker as one unit. (xdist's own `loadgroup` marks are
+    ignored under pytest 9.2, which no longer reads the node id xdist rewrites.) `ray start`
+    clusters live in test_cluster.py alone; other Ray tests start private ones."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return SHARED.get(Path(module).name, module)
+
+    return ModuleScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
@@ -36,6 +71,9 @@ def small_world_dir(small_world, tmp_path_factory):
 def pytest_collection_modifyitems(config, items):
     import torch
 
+    unshared = sorted({i.path.name for i in items if "server" in i.keywords} - set(SHARED))
+    if unshared:  # they would meet the server group's pool and worker on another xdist worker
+        raise pytest.UsageError(f"tests/conftest.py SHARED lacks server-test modules {unshared}")
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")

@@ -26,9 +26,11 @@ def test_ray_actor_serves_the_index(tmp_path):
     pd.DataFrame(DOCS, columns=["doc_id", "title", "contents"]).to_parquet(corpus)
     index = build_index(corpus, "bm25", tmp_path / "idx", show_progress=False)
     queries = ["Where was Gorde To born?", "", "capital of Osland"]
-    # A private local cluster: no dashboard, no usage reporting.
+    # A private local cluster, even beside a `ray start` one on this machine (a plain ray.init()
+    # joins the cluster it recorded): no dashboard, no usage reporting.
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(
+        address="local",
         num_cpus=1,
         include_dashboard=False,
         log_to_driver=False,
