@@ -71,7 +71,7 @@ def small_world_dir(small_world, tmp_path_factory):
 def pytest_collection_modifyitems(config, items):
     import torch
 
-    unshared = sorted({i.path.name for i in items if "server" in i.keywords} - set(SHARED))
+    unshared = sorted({i.path.name for i in items if i.get_closest_marker("server")} - set(SHARED))
     if unshared:  # they would meet the server group's pool and worker on another xdist worker
         raise pytest.UsageError(f"tests/conftest.py SHARED lacks server-test modules {unshared}")
     if torch.cuda.is_available():
