@@ -16,21 +16,20 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # "Threads"). One thread each, set before torch loads; children inherit it.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-SHARED = {
-    # one Prefect server's work pool, deployments and worker (one module's fixture, the other
-    # modules use it or the pool): their tests run one after another
-    "test_e2e_deployment.py": "prefect-server",
-    "test_experiment_deployment.py": "prefect-server",
-    "test_launch_follow.py": "prefect-server",
+SERVER_MODULES = {
+    "test_e2e_deployment.py",
+    "test_experiment_deployment.py",
+    "test_launch_follow.py",
 }
-"""Test modules that share a machine-wide resource -> the unit they are scheduled as."""
+"""The modules that share the test Prefect server's work pool, deployments and worker (one
+module's fixture; the others use it or the pool): scheduled as one unit, one test at a time."""
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: absent under -p no:xdist
 def pytest_xdist_make_scheduler(config, log):
     """`./dev test` runs pytest-xdist with `--dist loadfile`: a module's tests run on one
     worker, so its fixtures (a loaded SmolLM2, a trained tiny base) are built once, and the
-    modules in SHARED run on one worker as one unit. (xdist's own `loadgroup` marks are
+    SERVER_MODULES run on one worker as one unit. (xdist's own `loadgroup` marks are
     ignored under pytest 9.2, which no longer reads the node id xdist rewrites.) `ray start`
     clusters live in test_cluster.py alone; other Ray tests start private ones."""
     if config.getvalue("dist") != "loadfile":
@@ -40,7 +39,7 @@ def pytest_xdist_make_scheduler(config, log):
     class ModuleScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return SHARED.get(Path(module).name, module)
+            return "prefect-server" if Path(module).name in SERVER_MODULES else module
 
     return ModuleScheduling(config, log)
 
@@ -71,9 +70,10 @@ def small_world_dir(small_world, tmp_path_factory):
 def pytest_collection_modifyitems(config, items):
     import torch
 
-    unshared = sorted({i.path.name for i in items if i.get_closest_marker("server")} - set(SHARED))
-    if unshared:  # they would meet the server group's pool and worker on another xdist worker
-        raise pytest.UsageError(f"tests/conftest.py SHARED lacks server-test modules {unshared}")
+    server = {i.path.name for i in items if i.get_closest_marker("server")}
+    unshared = sorted(server - SERVER_MODULES)
+    if unshared:  # they would meet the server unit's pool and worker on another xdist worker
+        raise pytest.UsageError(f"tests/conftest.py SERVER_MODULES lacks {unshared}")
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")
