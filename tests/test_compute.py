@@ -161,3 +161,17 @@ def test_machine_record_names_the_cpu(monkeypatch, fresh_probe):
     assert record["cpu"]["model"] == cpu_info().model
     assert record["autocast"] == {"value": "auto", "computes_in": "bfloat16"}
     assert json.loads(json.dumps(record)) == record
+
+
+def test_no_cpu_profile_forces_a_dtype_the_cpu_may_emulate():
+    """A profile meant for the CPU (weights in float32) computes in what the machine is fast
+    at: `auto` or float32, never a fixed bfloat16/float16, which an AVX2-only CPU emulates
+    ~200x slower (the GPU's `paper` profile keeps its bf16 weights)."""
+    from mem1_core.config import load_config
+    from mem1_core.config.loader import profile_names
+
+    cpu = {name: load_config(name).model for name in profile_names()}
+    cpu = {name: m for name, m in cpu.items() if m.dtype == "float32"}
+    assert {"smol", "webshop-smol", "tiny"} <= set(cpu)
+    assert {name: m.autocast for name, m in cpu.items() if m.autocast not in (None, "auto")} == {}
+    assert cpu["smol"].autocast == cpu["webshop-smol"].autocast == "auto"
