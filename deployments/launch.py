@@ -101,9 +101,30 @@ def deploy(prefect_file: Path = PREFECT_FILE, root: Path = ROOT) -> None:
         )
 
 
+def _dies_with(parent: int):
+    """A `preexec_fn` (Linux): the child gets SIGTERM when the thread that started it ends, so a
+    worker never outlives a launcher killed by SIGKILL. One that did kept polling the pool on
+    the server's address, and took the flow runs of the next server started there, with its
+    own checkout's code. Elsewhere: None (no such call; the launcher's handlers still stop it)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, not in the forked child
+    pr_set_pdeathsig = 1
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGTERM)
+        if os.getppid() != parent:  # the launcher died before the call: nothing will tell us
+            os._exit(1)
+
+    return preexec
+
+
 def start_worker(log_path: Path, pool: str = POOL, root: Path = ROOT) -> subprocess.Popen:
     """A process worker for `pool`, in its own session (so a terminal's Ctrl-C reaches this
-    launcher, which stops it in order), its output in `log_path`."""
+    launcher, which stops it in order), its output in `log_path`; it ends when the launcher's
+    thread that started it does, however that ends (`_dies_with`)."""
     env = {**os.environ, "MEM1_ROOT": str(root)}
     # The default 10 s poll would add up to 10 s before the run starts.
     env.setdefault("PREFECT_WORKER_QUERY_SECONDS", "2")
@@ -127,6 +148,7 @@ def start_worker(log_path: Path, pool: str = POOL, root: Path = ROOT) -> subproc
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=_dies_with(os.getpid()),
         )
 
 

@@ -400,6 +400,38 @@ def test_webshop_train_eval_deployment_runs_on_a_worker(deployed, tmp_path):
 
 
 @pytest.mark.server
+@needs_server
+def test_a_worker_dies_with_a_launcher_killed_by_sigkill(tmp_path):
+    """A launcher killed by SIGKILL runs no handler; its worker, in a session of its own, must
+    still end (`launch._dies_with`), or it keeps polling the pool at the server's address and
+    takes the flow runs of whatever server is next started there."""
+    log = tmp_path / "worker.log"
+    code = (
+        "import sys, time; from pathlib import Path; from deployments import launch; "
+        f"w = launch.start_worker(Path({str(log)!r})); print(w.pid, flush=True); time.sleep(600)"
+    )
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    worker = int(launcher.stdout.readline())
+    try:
+        deadline = time.monotonic() + 120
+        while "started" not in (log.read_text() if log.exists() else ""):
+            assert time.monotonic() < deadline and alive(worker), log.read_text()[-2000:]
+            time.sleep(0.2)
+        assert alive(worker)  # polling the pool while its launcher lives
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 30
+        while alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(worker), "the worker outlived its launcher"
+    finally:
+        if alive(worker):
+            os.kill(worker, signal.SIGKILL)
+
+
+@pytest.mark.server
 @pytest.mark.slow
 @needs_server
 def test_interrupted_launcher_leaves_no_process(deployed, tmp_path):
