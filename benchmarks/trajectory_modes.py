@@ -2,6 +2,7 @@
 side on SmolLM2-135M-Instruct (the `smol` profile's model), on the same trajectories:
 
     python benchmarks/trajectory_modes.py [--ns 2,4,8] [--tasks 1] [--threads 2] [--layers 30]
+        [--micro-batch-tokens T]
 
 Trajectories: the scripted teacher plays `--tasks` held-out tasks at each N with MEM1 memory
 (the smol profile's prompt, chat template and retriever), so every mode sees the same turns.
@@ -17,7 +18,8 @@ weighs more at small K, which pulls the ratios towards 1. Float rounding grows w
 Each mode runs in its own subprocess (a clean peak RSS), float32, `--threads` torch threads,
 and at each N takes one learner iteration on those trajectories: the no-grad scoring pass
 (old log-probs), advantages (REINFORCE++: no critic, no reference, so the timing is the
-policy's passes alone) and one PPO epoch (one minibatch, micro-batches of 4 rows). Per mode
+policy's passes alone) and one PPO epoch (one minibatch, passes of 4 rows, or of at most
+`--micro-batch-tokens` tokens in every mode: a row is a whole tree or one turn). Per mode
 and N it prints one JSON line:
 - `gap_max/turn_k`, `gap_mean/turn_k`: |learner log-prob - rollout log-prob| over the
   generated tokens of turn k (float rounding for an exact mode);
@@ -113,8 +115,9 @@ def make_trajectories(ns: list[int], tasks: int, out: Path, layers: int | None) 
     return files
 
 
-def learner_iteration(model, trajs, mode: str, pad_id: int) -> dict:
-    """One learner iteration (scoring, advantages, one PPO epoch) under `mode`."""
+def learner_iteration(model, trajs, mode: str, pad_id: int, tokens: int | None = None) -> dict:
+    """One learner iteration (scoring, advantages, one PPO epoch) under `mode`; passes of 4 rows,
+    or of at most `tokens` tokens (`ppo.micro_batch_tokens`)."""
     from mem1_core.config import PPOConfig
     from mem1_core.rl.batch import Models, make_rollout_batch
     from mem1_core.rl.passes import NonFiniteGuard, UpdateSettings, ppo_epochs, score
@@ -127,6 +130,7 @@ def learner_iteration(model, trajs, mode: str, pad_id: int) -> dict:
         ppo_epochs=1,
         minibatch_size=max(len(trajs), 4),
         micro_batch_size=4,
+        micro_batch_tokens=tokens,
         actor_lr=2e-6,
     )
     settings = UpdateSettings.of(cfg, "sdpa", pad_id=pad_id, trajectory_mode=mode)
@@ -157,7 +161,9 @@ def learner_iteration(model, trajs, mode: str, pad_id: int) -> dict:
     return row
 
 
-def child(mode: str, files: dict[int, str], threads: int, layers: int | None) -> None:
+def child(
+    mode: str, files: dict[int, str], threads: int, layers: int | None, tokens: int | None
+) -> None:
     """One mode, every N, in this process: print a JSON line per N."""
     from mem1_core.config import load_config
     from mem1_core.models.policy import ensure_tokenizer
@@ -170,7 +176,7 @@ def child(mode: str, files: dict[int, str], threads: int, layers: int | None) ->
     tok = ensure_tokenizer(cfg, prepare(cfg, root))
     for n, path in sorted(files.items()):
         model = smol_model(tok, layers)  # fresh weights per N
-        row = learner_iteration(model, read_trajectories(path), mode, tok.pad_token_id)
+        row = learner_iteration(model, read_trajectories(path), mode, tok.pad_token_id, tokens)
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         emit({"mode": mode, "n": n} | row | {"peak_rss_mb": round(rss)})
 
@@ -182,15 +188,25 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--layers", type=int, default=None, help="SmolLM2's first K layers (all: 30)")
+    ap.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=None,
+        help="passes of at most this many tokens in every mode (ppo.micro_batch_tokens); "
+        "default: 4 rows a pass (a row is a whole tree, or one turn)",
+    )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--files", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         files = {int(k): v for k, v in json.loads(args.files).items()}
-        child(args.child, files, args.threads, args.layers)
+        child(args.child, files, args.threads, args.layers, args.micro_batch_tokens)
         return
     torch.set_num_threads(args.threads)
     setting = {"threads": args.threads, "layers": args.layers or 30, "dtype": "float32"}
+    setting["micro_batch"] = (
+        f"{args.micro_batch_tokens} tokens" if args.micro_batch_tokens else "4 rows"
+    )
     emit(cpu() | setting)
     out = Path(tempfile.mkdtemp(prefix="mem1-modes-"))
     files = make_trajectories([int(n) for n in args.ns.split(",")], args.tasks, out, args.layers)
@@ -199,7 +215,8 @@ def main() -> None:
         done = subprocess.run(
             [sys.executable, __file__, "--child", mode, "--threads", str(args.threads),
              "--files", json.dumps({n: str(p) for n, p in files.items()}),
-             *(["--layers", str(args.layers)] if args.layers else [])],
+             *(["--layers", str(args.layers)] if args.layers else []),
+             *(["--micro-batch-tokens", str(args.micro_batch_tokens)] if args.micro_batch_tokens else [])],
             capture_output=True, text=True, env=os.environ.copy(), check=False,
         )  # fmt: skip
         if done.returncode:

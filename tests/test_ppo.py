@@ -244,8 +244,13 @@ def test_micro_batches_give_the_full_batch_gradient(policy, trajs, small_tokeniz
             p.add_(0.05 * torch.randn_like(p))
     rows = torch.tensor([2, 0, 3, 1])
     grads = []
-    for micro in (4, 2, 1):
-        cfg = dataclasses.replace(base, minibatch_size=4, micro_batch_size=micro)
+    longest = int(rb.batch.seq_lens.max())
+    # rows, then tokens (ppo.micro_batch_tokens): one row a pass, and passes of up to two rows
+    splits = [{"micro_batch_size": m} for m in (4, 2, 1)] + [
+        {"micro_batch_size": 4, "micro_batch_tokens": t} for t in (1, 2 * longest)
+    ]
+    for split in splits:
+        cfg = dataclasses.replace(base, minibatch_size=4, **split)
         metrics, finite = accumulate_gradients(models, rb.batch, targets, rows, S(cfg))
         assert finite
         mods = [models.policy, models.critic]
@@ -262,6 +267,49 @@ def test_micro_batches_give_the_full_batch_gradient(policy, trajs, small_tokeniz
             torch.testing.assert_close(a, b, atol=atol, rtol=1e-4)
         for k, v in full_metrics.items():
             torch.testing.assert_close(metrics[k], v, atol=1e-6, rtol=1e-4)
+
+
+def test_token_micro_batches_keep_the_order_and_stay_within_the_budget(trajs, small_tokenizer):
+    """`ppo.micro_batch_tokens`: the rows in order, each pass within the budget (rows x the
+    length they are cut to) unless one row alone exceeds it, and no pass could take its
+    successor's first row without exceeding it."""
+    from mem1_core.rl.batch import cut_length, micro_batches
+
+    batch = make_rollout_batch(trajs, small_tokenizer.pad_token_id).batch
+    rows = torch.tensor([3, 1, 0, 2, 1, 3, 0])  # rows of several lengths, repeated
+    lens = sorted({int(x) for x in batch.seq_lens})
+    for budget in (1, lens[0], lens[-1], 2 * lens[-1], 3 * lens[-1] - 1, 10**6):
+        for bucket in (1, 8):
+            plan = micro_batches(rows, 4, batch, bucket, tokens=budget)
+            assert torch.equal(torch.cat([chunk for chunk, _ in plan]), rows)
+            for i, (chunk, cut) in enumerate(plan):
+                assert cut == cut_length(batch, chunk, bucket)
+                assert len(chunk) == 1 or len(chunk) * cut <= budget, (budget, chunk)
+                if i + 1 < len(plan):
+                    grown = torch.cat([chunk, plan[i + 1][0][:1]])
+                    assert len(grown) * cut_length(batch, grown, bucket) > budget
+    assert len(micro_batches(rows, 4, batch, tokens=10**6)) == 1
+    assert [len(c) for c, _ in micro_batches(rows, 4, batch, tokens=1)] == [1] * len(rows)
+
+
+def test_token_micro_batches_are_refused_with_fsdp_ranks():
+    from mem1_core.config import load_config
+
+    with pytest.raises(ValueError, match="micro_batch_tokens"):
+        load_config(
+            "smoke",
+            overrides=[
+                "ppo.micro_batch_tokens=2048",
+                "resources.learner_strategy=fsdp",
+                "resources.learner_ranks=2",
+            ],
+        )
+    with pytest.raises(ValueError, match="micro_batch_tokens"):
+        load_config("smoke", overrides=["ppo.micro_batch_tokens=0"])
+    assert (
+        load_config("smoke", overrides=["ppo.micro_batch_tokens=2048"]).ppo.micro_batch_tokens
+        == 2048
+    )
 
 
 def test_environment_tokens_never_reach_the_loss(policy, trajs, small_tokenizer):

@@ -39,6 +39,13 @@ class Config(Section):
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
+    def __post_init__(self) -> None:
+        if self.ppo.micro_batch_tokens is not None and self.resources.learner_strategy == "fsdp":
+            raise ValueError(
+                "ppo.micro_batch_tokens: the FSDP ranks split each minibatch by rows (every rank "
+                "runs as many passes); use ppo.micro_batch_size with resources.learner_strategy=fsdp"
+            )
+
     @property
     def loss_scale_factor(self) -> float:
         """seq-mean-token-sum-norm's fixed normaliser: ppo.loss_scale_factor, else the most

@@ -164,6 +164,14 @@ class PPOConfig(Section):
     micro_batch_size: int = 8
     """Trajectories per forward/backward pass (gradients accumulate exactly over a
     minibatch's micro-batches); a divisor of minibatch_size."""
+    micro_batch_tokens: int | None = None
+    """Micro-batches by tokens instead (verl: `use_dynamic_bsz` with
+    `ppo_max_token_len_per_gpu`): a minibatch's rows, in order, into passes of at most this
+    many tokens each (rows times the length they are cut to, padding included; a longer row
+    runs alone). The sums are the same, so the update is (to float rounding). Rows differ in
+    size by `trajectory.mode`: a whole tree against one turn, so a row count gives the tree
+    7-15x the tokens a pass; on a CPU, passes of a few thousand tokens run faster than
+    passes of ten thousand. None: `micro_batch_size` rows. Single learner only."""
     grad_clip: float = 1.0
     """Clip each model's gradient norm to this before a step."""
 
@@ -249,6 +257,8 @@ class PPOConfig(Section):
     def __post_init__(self) -> None:
         if self.minibatch_size % self.micro_batch_size:
             raise ValueError("ppo.minibatch_size must be a multiple of ppo.micro_batch_size")
+        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
+            raise ValueError("ppo.micro_batch_tokens must be >= 1 (or null: micro_batch_size rows)")
         if any(n < 1 for n in self.eval_objectives):
             raise ValueError("ppo.eval_objectives: objective counts must be >= 1")
         if any(n < 1 for n in self.curriculum):

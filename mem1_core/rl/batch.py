@@ -195,10 +195,27 @@ def cut_length(batch: FlatBatch, rows: Tensor, seq_bucket: int = 1) -> int:
 
 
 def micro_batches(
-    rows: Tensor, size: int, batch: FlatBatch, seq_bucket: int = 1
+    rows: Tensor, size: int, batch: FlatBatch, seq_bucket: int = 1, tokens: int | None = None
 ) -> list[tuple[Tensor, int]]:
-    """`rows` in chunks of `size`, each with the length it is cut to (`cut_length`)."""
-    return [(m, cut_length(batch, m, seq_bucket)) for m in rows.split(size)]
+    """`rows` in chunks of `size`, each with the length it is cut to (`cut_length`). With
+    `tokens`: in order, each chunk as many rows as keep (rows x cut length) within `tokens`,
+    at least one (`ppo.micro_batch_tokens`)."""
+    if tokens is None:
+        return [(m, cut_length(batch, m, seq_bucket)) for m in rows.split(size)]
+    chunks: list[tuple[Tensor, int]] = []
+    start = 0
+    for end in range(1, len(rows) + 1):
+        if (
+            end - start > 1
+            and (end - start) * cut_length(batch, rows[start:end], seq_bucket) > tokens
+        ):
+            chunks.append(
+                (rows[start : end - 1], cut_length(batch, rows[start : end - 1], seq_bucket))
+            )
+            start = end - 1
+    if start < len(rows):
+        chunks.append((rows[start:], cut_length(batch, rows[start:], seq_bucket)))
+    return chunks
 
 
 def batch_stats(

@@ -110,9 +110,10 @@ class Split:
     stop_early: bool = True
 
     def micro_batches(
-        self, rows: Tensor, size: int, batch: FlatBatch, seq_bucket: int
+        self, rows: Tensor, size: int, batch: FlatBatch, seq_bucket: int, tokens: int | None = None
     ) -> list[tuple[Tensor, int, bool]]:
-        return [(chunk, cut, True) for chunk, cut in micro_batches(rows, size, batch, seq_bucket)]
+        plan = micro_batches(rows, size, batch, seq_bucket, tokens)
+        return [(chunk, cut, True) for chunk, cut in plan]
 
     def mask(self, model: nn.Module, batch: FlatBatch, attn: str) -> object | None:
         return one_pass_mask(model, batch, attn)
@@ -184,7 +185,11 @@ def score(models: Models, rollout: RolloutBatch, settings: UpdateSettings) -> Ta
     values = torch.zeros_like(old_logp) if models.critic is not None else None
     split, attn = settings.split, settings.attn
     plan = split.micro_batches(
-        torch.arange(num_rows), settings.ppo.micro_batch_size, rollout.batch, settings.seq_bucket
+        torch.arange(num_rows),
+        settings.ppo.micro_batch_size,
+        rollout.batch,
+        settings.seq_bucket,
+        settings.ppo.micro_batch_tokens,
     )
     for rows, cut, real in plan:
         micro = select_rows(rollout.batch, rows, cut)
@@ -287,7 +292,9 @@ def accumulate_gradients(
     normalizer = minibatch_agg(targets, rows, settings)  # the whole minibatch's counts
     total: dict[str, Tensor] = {}
     finite = True
-    plan = split.micro_batches(rows, cfg.micro_batch_size, batch, settings.seq_bucket)
+    plan = split.micro_batches(
+        rows, cfg.micro_batch_size, batch, settings.seq_bucket, cfg.micro_batch_tokens
+    )
     for micro_rows, cut, real in plan:
         micro, micro_targets = select_rows(batch, micro_rows, cut), targets.rows(micro_rows, cut)
         if not real:

@@ -110,8 +110,10 @@ class RankSplit(Split):
     stop_early: bool = False
 
     def micro_batches(
-        self, rows: Tensor, size: int, batch: FlatBatch, seq_bucket: int
+        self, rows: Tensor, size: int, batch: FlatBatch, seq_bucket: int, tokens: int | None = None
     ) -> list[tuple[Tensor, int, bool]]:
+        if tokens is not None:  # the config refuses it; a direct caller gets the reason too
+            raise ValueError("ppo.micro_batch_tokens: the FSDP ranks split minibatches by rows")
         return rank_micro_batches(rows, size, batch, seq_bucket, self.me)
 
     def mask(self, model: nn.Module, batch: FlatBatch, attn: str) -> object | None:
