@@ -190,8 +190,13 @@ def make_rollout_batch(
 def cut_length(batch: FlatBatch, rows: Tensor, seq_bucket: int = 1) -> int:
     """The length `rows` are cut to: their longest, rounded up to a multiple of `seq_bucket`
     (at most the batch's length)."""
-    n = max(int(batch.seq_lens[rows].max()), 1)
-    return min(-(-n // seq_bucket) * seq_bucket, batch.input_ids.shape[1])
+    return _bucketed(int(batch.seq_lens[rows].max()), batch, seq_bucket)
+
+
+def _bucketed(n: int, batch: FlatBatch, seq_bucket: int) -> int:
+    """A row length `n` rounded up to a multiple of `seq_bucket`, at least 1 and at most the
+    batch's length."""
+    return min(-(-max(n, 1) // seq_bucket) * seq_bucket, batch.input_ids.shape[1])
 
 
 def micro_batches(
@@ -201,21 +206,18 @@ def micro_batches(
     `tokens`: in order, each chunk as many rows as keep (rows x cut length) within `tokens`,
     at least one (`ppo.micro_batch_tokens`)."""
     if tokens is None:
-        return [(m, cut_length(batch, m, seq_bucket)) for m in rows.split(size)]
-    chunks: list[tuple[Tensor, int]] = []
-    start = 0
-    for end in range(1, len(rows) + 1):
-        if (
-            end - start > 1
-            and (end - start) * cut_length(batch, rows[start:end], seq_bucket) > tokens
-        ):
-            chunks.append(
-                (rows[start : end - 1], cut_length(batch, rows[start : end - 1], seq_bucket))
-            )
-            start = end - 1
-    if start < len(rows):
-        chunks.append((rows[start:], cut_length(batch, rows[start:], seq_bucket)))
-    return chunks
+        chunks = list(rows.split(size))
+    else:
+        chunks, start, longest = [], 0, 0
+        for i, n in enumerate(batch.seq_lens[rows].tolist()):
+            grown = max(longest, n)
+            if i > start and (i - start + 1) * _bucketed(grown, batch, seq_bucket) > tokens:
+                chunks.append(rows[start:i])
+                start, grown = i, n
+            longest = grown
+        if len(rows):
+            chunks.append(rows[start:])
+    return [(m, cut_length(batch, m, seq_bucket)) for m in chunks]
 
 
 def batch_stats(
