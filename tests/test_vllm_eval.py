@@ -174,11 +174,46 @@ def test_cells_played_elsewhere_read_back_as_reused_ones(
     assert records[1]["backend"] == "elsewhere" and records[2]["backend"] == "ScriptedTeacher"
 
 
+def test_one_engine_takes_every_policy_of_the_same_model(tmp_path, small_tokenizer):
+    """The child starts one engine and loads each next policy's weights into it where the
+    saved model config is the same but for provenance; another size gets an engine of its
+    own. The weights it loads are the saved model's `state_dict()`, every name of it: the LM
+    head, tied to the embedding and saved once, included (without it vLLM's in-place reload
+    keeps a stale head)."""
+    import torch
+
+    from mem1_core.evaluation.vllm_cells import policy_weights, same_architecture
+    from mem1_core.models.model import save_model
+    from mem1_core.models.policy import initial_policy
+
+    cfg = load_config("smoke")
+    model = initial_policy(cfg, small_tokenizer)
+    a = save_model(model, small_tokenizer, tmp_path / "a")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    b = save_model(model, small_tokenizer, tmp_path / "b")
+    (b / "config.json").write_text(
+        json.dumps(json.loads((b / "config.json").read_text()) | {"_name_or_path": "elsewhere"})
+    )
+    wider = load_config("smoke", overrides=["model.hidden_size=96"])
+    c = save_model(initial_policy(wider, small_tokenizer), small_tokenizer, tmp_path / "c")
+    assert same_architecture(a, b) and not same_architecture(a, c)
+    assert not same_architecture(None, a)
+    loaded = policy_weights(b)
+    state = model.state_dict()
+    assert model.config.tie_word_embeddings and set(loaded) == set(state)
+    for name, tensor in loaded.items():
+        assert torch.equal(tensor, state[name]), name
+    with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
+        policy_weights(tmp_path)
+
+
 # ---- the real thing: the Prefect venv evaluates, .venv-vllm plays ------------------------------
 
 DRIVER = textwrap.dedent(
     """
-    import json, logging, shutil, sys
+    import json, logging, sys
     from pathlib import Path
     import torch
     from mem1_core.config import load_config
@@ -200,9 +235,13 @@ DRIVER = textwrap.dedent(
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.2)
     policy = save_model(model, tok, root / "policy")
-    copy = shutil.copytree(policy, root / "copy")  # a second policy: a second engine
+    # a second policy, other weights on the same model: the engine's weights are replaced
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.2)
+    other = save_model(model, tok, root / "other")
     agents = [("one", str(policy), "mem1"), ("one-full", str(policy), "full"),
-              ("copy", str(copy), "mem1")]
+              ("other", str(other), "mem1")]
     vllm = [f"resources.rollout_python={vllm_python}", "eval.backend=vllm"]
     for name, extra in (("hf", []), ("vllm", vllm), ("hf", vllm)):  # the last: all reused
         print("RUN", name, flush=True)
@@ -221,10 +260,11 @@ OVERRIDES = [o for o in CROSS_VENV_OVERRIDES if o.startswith("model.")] + [
 @pytest.mark.slow
 def test_the_prefect_venv_evaluates_with_vllm_as_with_hf(tmp_path):
     """Run from .venv-vllm (`./dev test-vllm`): the Prefect venv's Python evaluates a random
-    smoke-sized policy (two memories on it, and a copy of it: two engines) with Hugging Face,
-    then with eval.backend=vllm under this Python. float32 both ways: every cell's record
-    (but for the backend it names and its seconds) and trajectories are the same, the child
-    started one engine per policy and its progress reached the driver's log; a rerun of the
+    smoke-sized policy (two memories on it) and another policy of the same model (other
+    weights) with Hugging Face, then with eval.backend=vllm under this Python. float32 both
+    ways: every cell's record (but for the backend it names and its seconds) and trajectories
+    are the same, so the one engine the child started played the second policy with that
+    policy's weights, loaded in place; its progress reached the driver's log; a rerun of the
     vLLM evaluation into the Hugging Face one reuses every cell (the engine is not part of
     what a cell is)."""
     pytest.importorskip("vllm")
@@ -242,10 +282,11 @@ def test_the_prefect_venv_evaluates_with_vllm_as_with_hf(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     log = done.stdout
     runs = log.split("RUN ")
-    assert runs[2].count("engine on") == 2 and "one-full N=2: 3 tasks in" in runs[2]
+    assert runs[2].count("engine on") == 1 and "one-full N=2: 3 tasks in" in runs[2]
+    assert runs[2].count("loaded into the engine") == 1
     assert "engine on" not in runs[3] and "reused 6 finished cells" in runs[3]
     same = total = 0
-    for name in ("one", "one-full", "copy"):
+    for name in ("one", "one-full", "other"):
         for n in (1, 2):
             cell = f"trajectories/{name}_n{n}"
             hf, vl = (

@@ -27,13 +27,14 @@ class EvalConfig(Section):
 
     backend: str = "hf"
     """Which engine plays the evaluation's cells (greedy either way). `hf`: Hugging Face in
-    this process. `vllm`: a vLLM engine per policy, in a process of its own under the vLLM
-    venv's Python (`./dev setup-vllm`; found as `resources.rollout_python` is), which writes
-    the cells this process reads back; an error when there is none. `auto`: vllm where that
-    Python is found and imports vLLM, else hf (the log says which). A cell reads back the
-    same under either, so switching resumes at the first unfinished cell. vLLM pays an engine
-    start per policy (~35 s on a 2-core CPU); measured on a CPU it was faster on long contexts
-    and slower on short ones (docs/performance.md, "Evaluation with vLLM")."""
+    this process. `vllm`: one vLLM engine, given each policy's weights in turn, in a process
+    of its own under the vLLM venv's Python (`./dev setup-vllm`; found as
+    `resources.rollout_python` is), which writes the cells this process reads back; an error
+    when there is none. `auto`: vllm where that Python is found and imports vLLM, else hf (the
+    log says which). A cell reads back the same under either, so switching resumes at the
+    first unfinished cell. vLLM pays one engine start per evaluation (25-50 s on a 2-core CPU;
+    each next policy's weights load in about a second); measured on a CPU it was faster on
+    long contexts and slower on short ones (docs/performance.md, "Evaluation with vLLM")."""
 
     def __post_init__(self) -> None:
         if self.backend not in EVAL_BACKENDS:

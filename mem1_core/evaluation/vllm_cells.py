@@ -3,8 +3,10 @@
 vLLM cannot live beside Prefect (docs/gpu.md), so an evaluation started from the Prefect venv
 hands the cells it has still to play to a child process under the vLLM venv's Python (found as
 the rollout workers' is: mem1_core.training.rollout_python). The child runs the same
-`run_eval` as the Hugging Face path with a `VLLMBackend`, one engine per policy directory
-(reused across that policy's agents and N), and writes each finished cell's trajectories and
+`run_eval` as the Hugging Face path with a `VLLMBackend`: one engine, started on the first
+policy and given each next policy's weights in place (`VLLMBackend.load_state_dict`, as PPO's
+rollouts get the learner's; a policy of another model config gets an engine of its own), reused
+across each policy's agents and N, and writes each finished cell's trajectories and
 record (mem1_core.evaluation.cells); the parent then reads them back exactly as it reads a
 cell a killed run had finished, so resuming, the table and the headline do not know which
 engine played a cell. Its record says so (`backend`, `engine_seconds`).
@@ -33,6 +35,8 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from mem1_core.evaluation.cells import Cell, write_cell
 from mem1_core.models.compute import resolve_autocast
@@ -97,8 +101,6 @@ def choose_player(cfg, run_dir: str | Path) -> VLLMCellPlayer | None:
 
 
 def _device() -> str:
-    import torch
-
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -193,6 +195,8 @@ class VLLMCellPlayer:
 
 def describe(event: dict) -> str:
     """One line for a person: an engine start or a finished cell."""
+    if event["event"] == "engine" and event.get("reloaded"):
+        return f"weights of {event['policy']} loaded into the engine in {event['seconds']:.1f} s"
     if event["event"] == "engine":
         return f"engine on {event['policy']} started in {event['seconds']:.1f} s"
     rate = event["tokens"] / max(event["seconds"], 1e-9)
@@ -213,10 +217,51 @@ def _emit(**event: Any) -> None:
     print(MARK + json.dumps(event), flush=True)
 
 
-def play(spec: dict) -> None:
-    """Play every cell of `spec` (the parent's JSON), one engine per policy directory in turn."""
-    import torch
+# Keys of a saved config.json that say nothing of the model an engine computes.
+_PROVENANCE_KEYS = {"_name_or_path", "transformers_version"}
 
+
+def _model_config(policy: str | Path) -> dict:
+    config = json.loads((Path(policy) / "config.json").read_text())
+    return {k: v for k, v in config.items() if k not in _PROVENANCE_KEYS}
+
+
+def same_architecture(engine_policy: str | Path | None, policy: str | Path) -> bool:
+    """Whether `policy` can play in the engine built on `engine_policy`: the same model
+    config (architecture, sizes, dtype, vocabulary), so only the weights differ."""
+    return engine_policy is not None and _model_config(engine_policy) == _model_config(policy)
+
+
+def policy_weights(policy: str | Path) -> dict:
+    """A saved policy's Hugging Face-named tensors, under every name of the model's
+    `state_dict()`: what PPO sends an engine. A tied parameter (the LM head sharing the
+    embedding) is saved once; the engine's in-place reload needs it under each of its names
+    (without the head it keeps a stale one), so the ties are read off the model built from the
+    saved config on the meta device (no memory, no weights)."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    shards = sorted(Path(policy).glob("*.safetensors"))
+    if not shards:
+        raise FileNotFoundError(f"{policy}: no *.safetensors (a policy is save_pretrained output)")
+    weights = {name: t for shard in shards for name, t in load_file(shard).items()}
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(policy))
+    names_of: dict[int, list[str]] = {}
+    for name, tensor in skeleton.state_dict(keep_vars=True).items():
+        names_of.setdefault(id(tensor), []).append(name)
+    for names in names_of.values():
+        saved = next((n for n in names if n in weights), None)
+        for name in names:
+            if saved is not None and name not in weights:
+                weights[name] = weights[saved]
+    return weights
+
+
+def play(spec: dict) -> None:
+    """Play every cell of `spec` (the parent's JSON), policy by policy: one engine, whose
+    weights are replaced by the next policy's where the model is the same (a new engine
+    where it is not)."""
     from mem1_core.config.loader import config_from_dict
     from mem1_core.evaluation.evaluate import run_eval
     from mem1_core.evaluation.summary import summarize
@@ -240,17 +285,27 @@ def play(spec: dict) -> None:
     has_own = (first / "tokenizer.json").is_file()
     tok = load_tokenizer(first) if has_own else ensure_tokenizer(cfg, paths)
     env = make_env(cfg, paths, tok)
+    backend, architecture = None, None
     for policy in policies:
         t0 = time.perf_counter()
-        backend = VLLMBackend.from_pretrained_dir(
-            policy,
-            eos_id=tok.eos_token_id,
-            # tags as text stop on strings, which vLLM finds only with a tokenizer in the engine
-            tokenizer=tok if tag_scheme(tok) == "text" else None,
-            **engine,
-        )
+        if backend is not None and same_architecture(architecture, policy):
+            # one engine for every policy of the same model: a start costs ~25-50 s on a
+            # CPU, loading 135M parameters into a running engine ~1 s
+            backend.load_state_dict(policy_weights(policy))
+            reloaded = True
+        else:
+            backend = None  # the last engine's memory goes before the next one takes its own
+            backend = VLLMBackend.from_pretrained_dir(
+                policy,
+                eos_id=tok.eos_token_id,
+                # tags as text stop on strings, which vLLM finds only with a tokenizer in
+                # the engine
+                tokenizer=tok if tag_scheme(tok) == "text" else None,
+                **engine,
+            )
+            architecture, reloaded = policy, False
         engine_seconds = time.perf_counter() - t0
-        _emit(event="engine", policy=policy, seconds=engine_seconds)
+        _emit(event="engine", policy=policy, seconds=engine_seconds, reloaded=reloaded)
         for c in (c for c in spec["cells"] if c["policy"] == policy):
             tasks = [Task(**t) for t in c["tasks"]]
             cell = Cell(c["agent"], c["n"], tasks, Path(c["path"]), c["record"])
@@ -264,7 +319,6 @@ def play(spec: dict) -> None:
                 seconds=seconds, tokens=generated_tokens(trajs),
                 em_frac=summarize(trajs)["em_frac"],
             )  # fmt: skip
-        del backend  # the next policy's engine takes its memory
 
 
 if __name__ == "__main__":
