@@ -292,6 +292,105 @@ def test_turn_kv_reused_across_calls_equals_the_whole_context(model, env, small_
         backend.generate(first[:2], params, None, ["a", "a"], turns)
 
 
+def test_prefill_chunks_are_the_cheapest_grouping_of_all():
+    """The prefill's grouping against every partition of the rows (a brute force over set
+    partitions, not only runs of the sorted rows): the least tokens run, each group costing its
+    rows times its longest row plus a forward's overhead."""
+    import random
+
+    from mem1_core.rollout.generation import prefill_chunks
+
+    def partitions(items):
+        if not items:
+            yield []
+            return
+        first, rest = items[0], items[1:]
+        for p in partitions(rest):
+            yield [[first], *p]
+            for k in range(len(p)):
+                yield [*p[:k], [first, *p[k]], *p[k + 1 :]]
+
+    def cost(groups, lengths, overhead):
+        return sum(overhead + len(g) * max(lengths[r] for r in g) for g in groups)
+
+    rng = random.Random(0)
+    for _ in range(60):
+        lengths = [rng.choice([1, 5, 40, 150, 160, 600, 650]) for _ in range(rng.randint(1, 6))]
+        overhead = rng.choice([0, 30, 128, 10_000])
+        got = prefill_chunks(lengths, overhead)
+        assert sorted(r for g in got for r in g) == list(range(len(lengths)))
+        want = min(cost(p, lengths, overhead) for p in partitions(list(range(len(lengths)))))
+        assert cost(got, lengths, overhead) == want, (lengths, overhead, got)
+    assert prefill_chunks([10, 40, 31, 8, 30, 100], 20) == [[5], [1, 2, 4], [0, 3]]
+    assert prefill_chunks([650, 150, 160], float("inf")) == [[0, 2, 1]]
+
+
+def test_prefill_in_length_chunks_equals_each_context_alone(model, env, small_tasks, monkeypatch):
+    """Contexts whose new tokens differ several-fold, the prefill in chunks (no overhead per
+    forward: every length its own chunk; their keys and values laid into one batch cache),
+    some with reused prefixes: each row's greedy ids and log-probs equal that context
+    generated alone (batch of one: no pad, no chunk)."""
+    from mem1_core.rollout import generation
+    from mem1_core.rollout.generation import prefill_chunks
+
+    monkeypatch.setattr(generation, "PREFILL_FORWARD_TOKENS", 0)
+    tok = env.tok
+    backend = HFBackend(model, tok.pad_token_id, tok.eos_token_id)
+    prompts = [env.encode_prompt(t.prompt) for t in small_tasks[:3]]
+    tail = env.encode(" <IS> </IS> <info> Doc </info>")
+    contexts = [
+        prompts[0],
+        prompts[1] + tail * 6,
+        prompts[2] + tail,
+        tail[:4],
+        prompts[0] + tail * 3,
+    ]
+    assert len(prefill_chunks([len(c) for c in contexts])) >= 3
+    params = SamplingParams(8, env.stop_ids, temperature=0.0)
+
+    def alone(contexts):
+        return [backend.generate([c], params)[0] for c in contexts]
+
+    def same(got, want):
+        for g, w in zip(got, want, strict=True):
+            assert g.ids == w.ids and g.finish == w.finish
+            torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs))
+
+    same(backend.generate(contexts, params), alone(contexts))
+    # the next turn, keyed: reused prefixes of every length beside rows that reuse nothing
+    turns, keys = TurnCache(), list(range(len(contexts)))
+    first = backend.generate(contexts, params, None, keys, turns)
+    second = [
+        contexts[0] + first[0].ids + tail * 5,
+        prompts[1] + tail,
+        tail * 4,
+        contexts[3] + first[3].ids + tail,
+        prompts[0] + tail * 2,
+    ]
+    reused = [turns.reusable(k, c) for k, c in zip(keys, second, strict=True)]
+    assert 0 in reused and len(set(reused)) > 2
+    assert len(prefill_chunks([len(c) - n for c, n in zip(second, reused, strict=True)])) > 1
+    same(backend.generate(second, params, None, keys, turns), alone(second))
+
+
+def test_turn_cache_takes_a_share_of_the_memory_free_where_the_model_runs(model, monkeypatch):
+    """A rollout's TurnCache is sized by the memory free on the model's device now (the
+    host's available memory on a CPU, as psutil reads it), not a fixed GiB that kept 12 of 32
+    MEM1 WebShop rows; where the free memory cannot be read, the old GiB."""
+    import psutil
+
+    from mem1_core.rollout import generation
+
+    backend = HFBackend(model, 0)
+    free = generation.free_memory_bytes(torch.device("cpu"))
+    assert abs(free - psutil.virtual_memory().available) < 0.05 * free
+    monkeypatch.setattr(generation, "free_memory_bytes", lambda device: 8 * 2**30)
+    assert backend.turn_cache().max_bytes == 8 * 2**30 * generation.TURN_CACHE_SHARE
+    monkeypatch.setattr(generation, "free_memory_bytes", lambda device: None)
+    assert backend.turn_cache().max_bytes == generation.TURN_CACHE_FALLBACK
+    assert generation.free_memory_bytes(torch.device("meta")) is None
+
+
 def test_decode_layer_holds_what_a_dynamic_layer_holds():
     """The backend's KV layer (spare room, autocast dtype) against transformers' DynamicLayer
     (a new tensor per update) cast to that dtype: equal keys and values after a prefill, token

@@ -126,7 +126,8 @@ class TurnCache:
     context, all of it; under MEM1, the task prompt) and replaces it with the new turn's.
     Valid for one set of weights only: its owner drops it when they change (the rollout makes
     one per call). It holds at most `max_bytes`: a sequence that does not fit is not kept,
-    and its next turn runs whole."""
+    and its next turn runs whole (`HFBackend.turn_cache` sizes it by the memory free where
+    the model runs)."""
 
     def __init__(self, max_bytes: int = 2**30):
         self.seqs: dict[Hashable, tuple[list[int], list[tuple[Tensor, Tensor]]]] = {}
@@ -158,6 +159,67 @@ class TurnCache:
                 break
             n += 1
         return n
+
+
+TURN_CACHE_SHARE = 0.25
+"""The share of the memory free where the model runs that a rollout's TurnCache may hold.
+SmolLM2 keeps 46 KB a token: 32 WebShop trajectories of ~800 tokens are 1.2 GB under MEM1
+and 32 full contexts of 3k tokens 4.4 GB, where a fixed 1 GiB kept 12 of the 32 MEM1 rows and
+re-ran the other prompts every turn (and most full contexts whole)."""
+TURN_CACHE_FALLBACK = 2**30
+"""The TurnCache's size where the free memory cannot be read."""
+
+
+def free_memory_bytes(device: torch.device) -> int | None:
+    """Memory free now on `device`: CUDA's free device memory, else the host's MemAvailable
+    (Linux /proc/meminfo); None where neither can be read."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def turn_cache_bytes(device: torch.device) -> int:
+    """How much a rollout's TurnCache may hold on `device`: TURN_CACHE_SHARE of the memory
+    free there now, TURN_CACHE_FALLBACK where that cannot be read."""
+    free = free_memory_bytes(device)
+    return TURN_CACHE_FALLBACK if free is None else int(free * TURN_CACHE_SHARE)
+
+
+PREFILL_FORWARD_TOKENS = 128
+"""What one more prefill forward costs, in tokens of pads it would save. On the AVX2-only EPYC
+(float32, 2 threads) a forward over rows of a shape not seen before costs ~0.2 s beyond its
+tokens (oneDNN makes kernels for each new shape), about 80 tokens' compute: splitting a QA
+batch that saved 6 % of its pads made its evaluation 1.1x slower."""
+
+
+def prefill_chunks(new_tokens: Sequence[int], forward_tokens: float = 0.0) -> list[list[int]]:
+    """Rows (indices into `new_tokens`, each row's tokens still to run) grouped for prefill,
+    to the fewest tokens run: each chunk costs its rows times its longest row's tokens (every
+    row padded to it) plus `forward_tokens`. The best grouping takes the rows longest first in
+    runs (a row never waits in a longer chunk than a longer row does); found exactly, over
+    where the runs break."""
+    order = sorted(range(len(new_tokens)), key=lambda r: -new_tokens[r])
+    lengths = [new_tokens[r] for r in order]
+    # best[j]: the least cost of the j longest rows; start[j]: where its last run begins
+    best, start = [0.0] * (len(order) + 1), [0] * (len(order) + 1)
+    for j in range(1, len(order) + 1):
+        best[j], start[j] = min(
+            (best[i] + forward_tokens + (j - i) * lengths[i], i) for i in range(j)
+        )
+    chunks, j = [], len(order)
+    while j:
+        chunks.append(order[start[j] : j])
+        j = start[j]
+    return chunks[::-1]
 
 
 def _nbytes(layers: list[tuple[Tensor, Tensor]]) -> int:
@@ -213,8 +275,8 @@ class HFBackend:
     `tokenizer` is needed for stop strings (it decodes the generated ids)."""
 
     reuses_prefixes = True
-    """generate takes a key per context and a `TurnCache` (the rollout passes its
-    trajectories' indices)."""
+    """generate takes a key per context and a `TurnCache` (the rollout makes one with
+    `turn_cache` and passes its trajectories' indices)."""
 
     def __init__(
         self,
@@ -232,6 +294,10 @@ class HFBackend:
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         self.model.load_state_dict(state)
+
+    def turn_cache(self) -> TurnCache:
+        """A TurnCache for one rollout, sized by the memory free where the model runs."""
+        return TurnCache(turn_cache_bytes(next(self.model.parameters()).device))
 
     @torch.no_grad()
     def generate(self, contexts, params, generator=None, keys=None, turns=None) -> list[Generation]:
@@ -269,7 +335,59 @@ class HFBackend:
 
     def _prefill(self, contexts, device, reused: list[int], kv: list):
         """-> the batch's KV cache over `contexts`, its attention mask, each row's next
-        position and the logits at each context's end. Row b's first reused[b] tokens come
+        position and the logits at each context's end, as `_prefill_rows` lays them out.
+
+        A left-padded forward computes every pad column in every layer: a WebShop batch whose
+        new tokens run from ~150 (an item page) to ~650 (a results page) spent more than half
+        its prefill on pads. So rows whose new tokens differ enough to pay for another
+        forward (`prefill_chunks`, PREFILL_FORWARD_TOKENS) run in forwards of their own, and
+        their keys and values are laid into one batch cache; decoding then runs the whole
+        batch as before. Each row attends to
+        exactly its own context either way (the results agree to float rounding)."""
+        new = [len(c) - n for c, n in zip(contexts, reused, strict=True)]
+        chunks = prefill_chunks(new, PREFILL_FORWARD_TOKENS)
+        if len(chunks) == 1:
+            return self._prefill_rows(contexts, device, reused, kv)
+        B, P = len(contexts), max(reused)
+        S = max(len(c) - n for c, n in zip(contexts, reused, strict=True))
+        attn = torch.zeros((B, P + S), dtype=torch.long, device=device)
+        logits, parts = None, []
+        for rows in chunks:
+            part = self._prefill_rows(
+                [contexts[r] for r in rows],
+                device,
+                [reused[r] for r in rows],
+                [kv[r] for r in rows],
+            )
+            parts.append((rows, part[0], part[1].shape[1] - max(reused[r] for r in rows)))
+            if logits is None:
+                logits = part[3].new_empty((B, part[3].shape[-1]))
+            logits[torch.tensor(rows, device=device)] = part[3]
+        # row b's columns in the batch layout [pad | reused | pad | rest] and in its chunk's
+        cache = _kv_cache(self.model)
+        for li in range(len(parts[0][1].layers)):
+            k0 = parts[0][1].layers[li].keys
+            K = k0.new_zeros((B, k0.shape[1], P + S, k0.shape[3]))
+            V = torch.zeros_like(K)
+            for rows, part_cache, part_s in parts:
+                keys, values = part_cache.layers[li].keys, part_cache.layers[li].values
+                part_p = keys.shape[2] - part_s
+                for j, r in enumerate(rows):
+                    n, rest = reused[r], len(contexts[r]) - reused[r]
+                    K[r, :, P - n : P] = keys[j, :, part_p - n : part_p]
+                    V[r, :, P - n : P] = values[j, :, part_p - n : part_p]
+                    K[r, :, P + S - rest :] = keys[j, :, keys.shape[2] - rest :]
+                    V[r, :, P + S - rest :] = values[j, :, keys.shape[2] - rest :]
+            cache.update(K, V, li)
+        for b, (c, n) in enumerate(zip(contexts, reused, strict=True)):
+            attn[b, P - n : P] = 1
+            attn[b, P + S - (len(c) - n) :] = 1
+        next_pos = torch.tensor([len(c) for c in contexts], dtype=torch.long, device=device)
+        return cache, attn, next_pos, logits
+
+    def _prefill_rows(self, contexts, device, reused: list[int], kv: list):
+        """-> the batch's KV cache over `contexts`, its attention mask, each row's next
+        position and the logits at each context's end, in one forward. Row b's first reused[b] tokens come
         from kv[b] (a TurnCache entry's layers), and one forward runs the rest, laid out per
         row as [pad | reused | pad | rest]: the pad between is masked like the left padding,
         and the positions are the context's own, so each row attends to exactly its context

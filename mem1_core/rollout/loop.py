@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from mem1_core.config import RolloutConfig
 from mem1_core.rollout.environment import Environment
-from mem1_core.rollout.generation import GenerationBackend, SamplingParams, TurnCache
+from mem1_core.rollout.generation import GenerationBackend, SamplingParams
 from mem1_core.rollout.memory import get_memory
 from mem1_core.trajectory.record import Action, Trajectory, Turn
 
@@ -87,7 +87,7 @@ def rollout(
     # a trajectory's contexts overlap from turn to turn (the prompt; under the full context,
     # everything before): a backend that can keeps each one's last sequence as keys and values
     # for the whole rollout (the weights stay as they are until it returns)
-    turn_kv = TurnCache() if getattr(backend, "reuses_prefixes", False) else None
+    turn_kv = backend.turn_cache() if getattr(backend, "reuses_prefixes", False) else None
     live = list(range(len(trajs)))
     while live:
         # One generate call per token budget (tasks of one N share it).
