@@ -285,10 +285,10 @@ def play(spec: dict) -> None:
     has_own = (first / "tokenizer.json").is_file()
     tok = load_tokenizer(first) if has_own else ensure_tokenizer(cfg, paths)
     env = make_env(cfg, paths, tok)
-    backend, architecture = None, None
+    backend, engine_policy = None, None
     for policy in policies:
         t0 = time.perf_counter()
-        if backend is not None and same_architecture(architecture, policy):
+        if backend is not None and same_architecture(engine_policy, policy):
             # one engine for every policy of the same model: a start costs ~25-50 s on a
             # CPU, loading 135M parameters into a running engine ~1 s
             backend.load_state_dict(policy_weights(policy))
@@ -303,7 +303,7 @@ def play(spec: dict) -> None:
                 tokenizer=tok if tag_scheme(tok) == "text" else None,
                 **engine,
             )
-            architecture, reloaded = policy, False
+            engine_policy, reloaded = policy, False
         engine_seconds = time.perf_counter() - t0
         _emit(event="engine", policy=policy, seconds=engine_seconds, reloaded=reloaded)
         for c in (c for c in spec["cells"] if c["policy"] == policy):

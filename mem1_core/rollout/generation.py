@@ -222,6 +222,18 @@ def prefill_chunks(new_tokens: Sequence[int], forward_tokens: float = 0.0) -> li
     return chunks[::-1]
 
 
+def _batch_layout(contexts, reused: list[int], P: int, S: int, device) -> tuple[Tensor, Tensor]:
+    """A prefilled batch's attention mask over its P + S columns, each row laid out as
+    [pad | reused | pad | rest] (reused right-aligned in the first P, the rest in the last S),
+    and each row's next position (its context's length)."""
+    attn = torch.zeros((len(contexts), P + S), dtype=torch.long, device=device)
+    for b, (c, n) in enumerate(zip(contexts, reused, strict=True)):
+        attn[b, P - n : P] = 1
+        attn[b, P + S - (len(c) - n) :] = 1
+    next_pos = torch.tensor([len(c) for c in contexts], dtype=torch.long, device=device)
+    return attn, next_pos
+
+
 def _nbytes(layers: list[tuple[Tensor, Tensor]]) -> int:
     return sum(k.nbytes + v.nbytes for k, v in layers)
 
@@ -342,56 +354,51 @@ class HFBackend:
         its prefill on pads. So rows whose new tokens differ enough to pay for another
         forward (`prefill_chunks`, PREFILL_FORWARD_TOKENS) run in forwards of their own, and
         their keys and values are laid into one batch cache; decoding then runs the whole
-        batch as before. Each row attends to
-        exactly its own context either way (the results agree to float rounding)."""
+        batch as before. Each row attends to exactly its own context either way (the results
+        agree to float rounding)."""
         new = [len(c) - n for c, n in zip(contexts, reused, strict=True)]
         chunks = prefill_chunks(new, PREFILL_FORWARD_TOKENS)
         if len(chunks) == 1:
             return self._prefill_rows(contexts, device, reused, kv)
-        B, P = len(contexts), max(reused)
-        S = max(len(c) - n for c, n in zip(contexts, reused, strict=True))
-        attn = torch.zeros((B, P + S), dtype=torch.long, device=device)
+        B, P, S = len(contexts), max(reused), max(new)
         logits, parts = None, []
         for rows in chunks:
-            part = self._prefill_rows(
+            part_cache, _, _, part_logits = self._prefill_rows(
                 [contexts[r] for r in rows],
                 device,
                 [reused[r] for r in rows],
                 [kv[r] for r in rows],
             )
-            parts.append((rows, part[0], part[1].shape[1] - max(reused[r] for r in rows)))
+            parts.append((rows, part_cache, max(reused[r] for r in rows)))
             if logits is None:
-                logits = part[3].new_empty((B, part[3].shape[-1]))
-            logits[torch.tensor(rows, device=device)] = part[3]
-        # row b's columns in the batch layout [pad | reused | pad | rest] and in its chunk's
+                logits = part_logits.new_empty((B, part_logits.shape[-1]))
+            logits[torch.tensor(rows, device=device)] = part_logits
+        # row r's reused and new columns, from its chunk's layout into the batch's (both
+        # [pad | reused | pad | new], the reused part ending at the chunk's longest reuse)
         cache = _kv_cache(self.model)
         for li in range(len(parts[0][1].layers)):
             k0 = parts[0][1].layers[li].keys
             K = k0.new_zeros((B, k0.shape[1], P + S, k0.shape[3]))
             V = torch.zeros_like(K)
-            for rows, part_cache, part_s in parts:
-                keys, values = part_cache.layers[li].keys, part_cache.layers[li].values
-                part_p = keys.shape[2] - part_s
-                for j, r in enumerate(rows):
-                    n, rest = reused[r], len(contexts[r]) - reused[r]
-                    K[r, :, P - n : P] = keys[j, :, part_p - n : part_p]
-                    V[r, :, P - n : P] = values[j, :, part_p - n : part_p]
-                    K[r, :, P + S - rest :] = keys[j, :, keys.shape[2] - rest :]
-                    V[r, :, P + S - rest :] = values[j, :, keys.shape[2] - rest :]
+            for rows, part_cache, part_p in parts:
+                layer = part_cache.layers[li]
+                for batch, chunk in ((K, layer.keys), (V, layer.values)):
+                    for j, r in enumerate(rows):
+                        n = reused[r]
+                        batch[r, :, P - n : P] = chunk[j, :, part_p - n : part_p]
+                        batch[r, :, P + S - new[r] :] = chunk[j, :, -new[r] :]
             cache.update(K, V, li)
-        for b, (c, n) in enumerate(zip(contexts, reused, strict=True)):
-            attn[b, P - n : P] = 1
-            attn[b, P + S - (len(c) - n) :] = 1
-        next_pos = torch.tensor([len(c) for c in contexts], dtype=torch.long, device=device)
+        attn, next_pos = _batch_layout(contexts, reused, P, S, device)
         return cache, attn, next_pos, logits
 
     def _prefill_rows(self, contexts, device, reused: list[int], kv: list):
         """-> the batch's KV cache over `contexts`, its attention mask, each row's next
-        position and the logits at each context's end, in one forward. Row b's first reused[b] tokens come
-        from kv[b] (a TurnCache entry's layers), and one forward runs the rest, laid out per
-        row as [pad | reused | pad | rest]: the pad between is masked like the left padding,
-        and the positions are the context's own, so each row attends to exactly its context
-        (with nothing reused, one left-padded forward)."""
+        position and the logits at each context's end, in one forward. Row b's first
+        reused[b] tokens come from kv[b] (a TurnCache entry's layers), and one forward runs the
+        rest, laid out per row as [pad | reused | pad | rest] (`_batch_layout`): the pad
+        between is masked like the left padding, and the positions are the context's own, so
+        each row attends to exactly its context (with nothing reused, one left-padded
+        forward)."""
         B, P = len(contexts), max(reused)
         S = max(len(c) - n for c, n in zip(contexts, reused, strict=True))
         cache = _kv_cache(self.model)
@@ -406,15 +413,12 @@ class HFBackend:
                         V[b, :, P - n :] = kv[b][li][1][:, :n]
                 cache.update(K, V, li)
         ids = torch.full((B, S), self.pad_id, dtype=torch.long, device=device)
-        attn = torch.zeros((B, P + S), dtype=torch.long, device=device)
         pos = torch.zeros((B, S), dtype=torch.long, device=device)
         for b, (c, n) in enumerate(zip(contexts, reused, strict=True)):
             rest = len(c) - n
             ids[b, S - rest :] = torch.tensor(c[n:], dtype=torch.long)
             pos[b, S - rest :] = torch.arange(n, len(c))
-            attn[b, P - n : P] = 1
-            attn[b, P + S - rest :] = 1
-        next_pos = torch.tensor([len(c) for c in contexts], dtype=torch.long, device=device)
+        attn, next_pos = _batch_layout(contexts, reused, P, S, device)
         return cache, attn, next_pos, self._forward(ids, attn, pos, cache)
 
     def _generate_rows(self, contexts, params, generator, keys, turns) -> list[Generation]:
