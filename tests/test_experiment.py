@@ -167,6 +167,27 @@ def test_reuse_links_finished_arms_and_refuses_one_short_of_its_count(tmp_path):
         link_reused(other, base_config(other), src, tmp_path / "third")
 
 
+def test_the_modes_experiment_reuses_a_smol_runs_warm_start_and_tree_arm(tmp_path):
+    # the tree arm of the modes experiment is the smol experiment's MEM1-PPO: one config, so a
+    # finished smol run's stages are linked, and only the turns and concat arms train
+    smol, modes = load_experiment("smol"), load_experiment("modes")
+    src = tmp_path / "smol"
+    (src / "warm_start" / "policy").mkdir(parents=True)
+    (src / "warm_start" / "result.json").write_text("{}")
+    check_run_dir(src, smol, base_config(smol))
+    for seed in (0, 1):
+        _metrics(src / "ppo_mem1" / f"seed{seed}", [{"iteration": 11, "stopped_by": "iterations"}])
+    _metrics(src / "ppo_full" / "seed0", [{"iteration": 3}])  # no arm of the modes experiment
+    linked = link_reused(modes, base_config(modes), src, tmp_path / "modes")
+    assert sorted(linked) == ["ppo_mem1/seed0", "ppo_mem1/seed1", "warm_start"]
+    assert arm_config(modes, "mem1-ppo", 0).trajectory.mode == "tree"
+    assert {arm_config(modes, a, 0).trajectory.mode for a in modes.arms} == {
+        "tree",
+        "turns",
+        "concat",
+    }
+
+
 def test_a_run_directory_refuses_a_config_that_trains_differently(tmp_path):
     spec = load_experiment("smoke")
     check_run_dir(tmp_path, spec, base_config(spec))
@@ -674,7 +695,7 @@ def test_a_run_refuses_an_arm_declared_otherwise_under_its_name(tmp_path):
         check_run_dir(tmp_path, other, base_config(other))
 
 
-@pytest.mark.parametrize("name", ["smoke", "smol", "horizon"])
+@pytest.mark.parametrize("name", ["smoke", "smol", "horizon", "horizon-pilot", "modes", "webshop"])
 def test_every_shipped_experiment_loads_and_resolves_its_plan(name, tmp_path):
     spec = load_experiment(name)
     cfg = base_config(spec)
