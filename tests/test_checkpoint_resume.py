@@ -315,3 +315,37 @@ def test_a_checkpoint_records_the_memory_policy_it_trained_under(tmp_path):
     (path / "config.json").write_text(json.dumps({"rollout": {"memory": "full"}}))
     assert checkpoint_memory(path) == "full"
     assert checkpoint_memory(tmp_path / "missing") is None
+
+
+@pytest.mark.slow
+def test_the_held_out_curve_changes_nothing_the_run_trains(tmp_path, monkeypatch):
+    # An experiment reuses a finished arm whatever its curve's cadence and N were
+    # (mem1_core.experiment.plan.NEUTRAL): each rollout draws from a generator seeded for that
+    # call, so a held-out point takes no randomness from the training that follows it.
+    from safetensors.torch import load_file
+
+    from mem1_core.training.train_rl import train_rl
+    from mem1_core.trajectory.record import read_trajectories
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    base = [o for o in OVERRIDES if not o.startswith(("ppo.iterations", "ppo.eval_"))]
+    curves = {"every": ["ppo.eval_every=1", "ppo.eval_objectives=[1, 3]"], "last": []}
+    runs = {}
+    for name, curve in curves.items():
+        cfg = load_config("smoke", None, [*base, "ppo.iterations=2", *curve])
+        runs[name] = train_rl(cfg, tmp_path / name, use_ray=False, show=False)
+    every, last = (tmp_path / n for n in curves)
+    assert (every / "eval" / "iter_000000.parquet").is_file()  # a point after each iteration
+    assert not (last / "eval" / "iter_000000.parquet").exists()  # only after the last
+    for i in range(2):
+        a, b = (
+            read_trajectories(r / "trajectories" / f"iter_{i:06d}.parquet") for r in (every, last)
+        )
+        assert [[t.gen_ids for t in x.turns] for x in a] == [
+            [t.gen_ids for t in x.turns] for x in b
+        ]
+    weights = [
+        load_file(Path(runs[n]["checkpoint"]) / "policy" / "model.safetensors") for n in curves
+    ]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])

@@ -167,25 +167,35 @@ def test_reuse_links_finished_arms_and_refuses_one_short_of_its_count(tmp_path):
         link_reused(other, base_config(other), src, tmp_path / "third")
 
 
-def test_the_modes_experiment_reuses_a_smol_runs_warm_start_and_tree_arm(tmp_path):
-    # the tree arm of the modes experiment is the smol experiment's MEM1-PPO: one config, so a
-    # finished smol run's stages are linked, and only the turns and concat arms train
-    smol, modes = load_experiment("smol"), load_experiment("modes")
+@pytest.mark.parametrize(
+    ("name", "reused"),
+    [
+        ("modes", ["ppo_mem1/seed0", "ppo_mem1/seed1", "warm_start"]),
+        ("horizon", ["ppo_full/seed0", "ppo_full/seed1", "ppo_mem1/seed0", "ppo_mem1/seed1",
+                     "sft_mem1/seed0", "warm_start"]),
+    ],
+)  # fmt: skip
+def test_an_experiment_reuses_a_finished_smol_runs_stages(name, reused, tmp_path):
+    # the modes experiment's tree arm and the horizon experiment's paper arms (two of their
+    # seeds) are the smol experiment's, under one config: a finished smol run's stages are
+    # linked, and only the rest trains
+    smol, spec = load_experiment("smol"), load_experiment(name)
     src = tmp_path / "smol"
-    (src / "warm_start" / "policy").mkdir(parents=True)
-    (src / "warm_start" / "result.json").write_text("{}")
+    for ws in ("warm_start", "sft_mem1/seed0"):
+        (src / ws / "policy").mkdir(parents=True)
+        (src / ws / "result.json").write_text("{}")
     check_run_dir(src, smol, base_config(smol))
-    for seed in (0, 1):
-        _metrics(src / "ppo_mem1" / f"seed{seed}", [{"iteration": 11, "stopped_by": "iterations"}])
-    _metrics(src / "ppo_full" / "seed0", [{"iteration": 3}])  # no arm of the modes experiment
-    linked = link_reused(modes, base_config(modes), src, tmp_path / "modes")
-    assert sorted(linked) == ["ppo_mem1/seed0", "ppo_mem1/seed1", "warm_start"]
-    assert arm_config(modes, "mem1-ppo", 0).trajectory.mode == "tree"
-    assert {arm_config(modes, a, 0).trajectory.mode for a in modes.arms} == {
-        "tree",
-        "turns",
-        "concat",
-    }
+    for arm in ("ppo_mem1", "ppo_full"):
+        for seed in (0, 1):
+            _metrics(src / arm / f"seed{seed}", [{"iteration": 11, "stopped_by": "iterations"}])
+    assert sorted(link_reused(spec, base_config(spec), src, tmp_path / name)) == reused
+    if name == "modes":
+        assert arm_config(spec, "mem1-ppo", 0).trajectory.mode == "tree"
+        assert {arm_config(spec, a, 0).trajectory.mode for a in spec.arms} == {
+            "tree",
+            "turns",
+            "concat",
+        }
 
 
 def test_a_run_directory_refuses_a_config_that_trains_differently(tmp_path):

@@ -38,10 +38,13 @@ SPEC_FILE = "experiment.json"
 EVAL_ONLY = ("eval",)
 """Config sections that change no training: a run resumed or reused with other values there
 keeps its arms (each evaluation cell records the settings it was played under)."""
-NEUTRAL = ("resources", "ppo.checkpoint_every")
+NEUTRAL = ("resources", "ppo.checkpoint_every", "ppo.eval_every", "ppo.eval_objectives")
 """Sections and fields that say where and how often, not what, a run trains: the machines
-and processes (a run resumed on another cluster layout) and the checkpoint cadence (a resume
-restores the RNG and optimiser state exactly, whichever checkpoint it starts from)."""
+and processes (a run resumed on another cluster layout), the checkpoint cadence (a resume
+restores the RNG and optimiser state exactly, whichever checkpoint it starts from) and the
+held-out curve's cadence and N (the experiment's `curve:`; every rollout draws from a
+generator seeded for its call, so a held-out point takes no randomness from the training
+after it: tests/test_checkpoint_resume.py)."""
 
 
 def training_changes(old: dict, new: dict) -> list[str]:
