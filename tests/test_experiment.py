@@ -36,6 +36,7 @@ from mem1_core.experiment.plan import (
 from mem1_core.experiment.report import claims_markdown, headline_markdown, plot_scaling
 from mem1_core.experiment.spec import (
     ExperimentSpec,
+    PaperClaims,
     agent_play_overrides,
     arm_config,
     base_config,
@@ -100,6 +101,10 @@ ARM = "{trainer: ppo, memory: mem1, seeds: [0]}"
         (
             f"profile: smoke\narms: {{a: {ARM}}}\neval: {{plays: {{t: {{arm: b, memory: full}}}}, agents: [t]}}\n",
             "plays arm 'b', which the experiment does not train",
+        ),
+        (
+            f"profile: smoke\narms: {{a: {ARM}}}\nclaims: {{full_test: equal}}\n",
+            r"claims.full_test 'equal'; use one of \['above', 'not_below'\]",
         ),
         (
             f"profile: smoke\narms: {{a: {ARM}}}\nclaims: {{above: [{{a: a, b: c, objectives: [4]}}]}}\n",
@@ -361,6 +366,43 @@ def test_a_claim_holds_only_where_every_seed_and_the_pool_clear_the_bar(headline
     assert peak[POOLED]["value"] == pytest.approx(want) and peak["verdict"] == "holds"
 
 
+def test_webshops_claims_hold_mem1_not_below_the_full_context_at_its_one_n():
+    # WebShop (the paper: 70.87 against 70.80): MEM1 matches the full context at N=1, at a
+    # fraction of its peak tokens. Losing d on k of n goals is a paired z of
+    # -sqrt(p (n - 1) / (1 - p)), p = k / n: 3 of 40 -1.78 (within 2 SE), 6 of 40 -2.62.
+    tasks = [f"g{k}" for k in range(40)]
+    full = {t: (0.8 if k % 2 else 0.6, 1000.0 + k) for k, t in enumerate(tasks)}
+
+    def world(lost: dict[int, int]):  # MEM1 seed -> the goals it loses 0.2 on
+        mem1 = {f"mem1-ppo-s{s}": {1: {t: (full[t][0] - 0.2 * (k < n), 300.0 + k)
+                                       for k, t in enumerate(tasks)}}
+                for s, n in lost.items()}  # fmt: skip
+        start = {t: (0.5, 300.0) for t in tasks}
+        return {"warm-start": {1: start}, "full-ppo-s0": {1: full}, "full-ppo-s1": {1: full},
+                **mem1}  # fmt: skip
+
+    paper = PaperClaims(full_at=(1,), full_test="not_below", peak_at=1)
+    h = experiment_headline({0: world({0: 3, 1: 3}), 7: world({0: 3, 1: 6})}, 0, 1, 2.0, 0.5,
+                            paper=paper)  # fmt: skip
+    claims = {c["key"]: c for c in h["claims"]}
+    assert set(claims) == {"mem1_above_start", "mem1_not_below_full@1", "mem1_peak_over_full@1"}
+    got = claims["mem1_not_below_full@1"]
+    assert got["bar"] == "> −2 SE" and got["test"] == "not_below"
+    d = [-0.2] * 3 + [0.0] * 37
+    seed0 = got["worlds"]["0"]["seeds"]["0"]
+    assert seed0["value"] == pytest.approx(-0.015) and seed0["se_paired"] == pytest.approx(_se(d))
+    assert seed0["z"] == pytest.approx(-math.sqrt(3 / 40 * 39 / (37 / 40)))
+    assert got["worlds"]["0"]["verdict"] == "holds"
+    assert got["worlds"]["7"]["seeds"]["1"]["z"] == pytest.approx(-math.sqrt(6 / 40 * 39 / 0.85))
+    assert got["worlds"]["7"]["verdict"] == "seed 0 only"
+    # it tests no gain: outside the Holm family, which holds the start claim on each world
+    assert "p_holm" not in got["worlds"]["0"] and h["bars"]["tests"] == 2
+    peak = claims["mem1_peak_over_full@1"]["worlds"]["0"][POOLED]["value"]
+    assert peak == pytest.approx(sum(300 + k for k in range(40)) / sum(1000 + k for k in range(40)))
+    # the QA paper's claims by default: MEM1 above the full context at N=8 and 16 only
+    assert "mem1_above_full@8" in {c.key for c in claims_for(2, [2, 8, 16])}
+
+
 def test_holm_against_a_hand_worked_example():
     # alpha 0.05, m = 4: sorted d .005 <= .05/4, a .01 <= .05/3, c .03 > .05/2: stop there
     got = holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.005}, 0.05)
@@ -597,6 +639,7 @@ profile: smoke
 set: {ppo.iterations: 2, sft.steps: 4}
 warm_starts:
   upto4: {set: {sft.warm_start_objectives: [1, 2, 3, 4]}}
+  full: {set: {rollout.memory: full}}
 arms:
   mem1-ppo: {trainer: ppo, memory: mem1, seeds: [0, 1]}
   full-ppo: {trainer: ppo, memory: full, seeds: [0]}
@@ -606,11 +649,15 @@ arms:
   mem1-ppo-keep: {trainer: ppo, memory: mem1, set: {rollout.keep_answers_prompt: true}, seeds: [0]}
   mem1-sft: {trainer: sft, memory: mem1, seeds: [0]}
 eval:
-  agents: [warm-start, warm-start-upto4, mem1-ppo, mem1-ppo-long, mem1-ppo-upto4, truncate-ppo]
+  agents: [warm-start, warm-start-upto4, warm-start-full, mem1-ppo, mem1-ppo-long, mem1-ppo-upto4,
+           truncate-ppo]
   plays: {truncate-ppo: {arm: full-ppo, memory: truncate}}
 curve: {objectives: [4], points: 2}
 claims:
   mem1: mem1-ppo-long
+  full_at: [4]
+  full_test: not_below
+  peak_at: 8
   above: [{a: mem1-ppo-upto4, b: mem1-ppo, objectives: [4, 8]}]
 """
 
@@ -630,13 +677,14 @@ def test_an_arm_is_its_trainer_memory_settings_warm_start_and_seeds(tmp_path):
     assert tuple(up.sft.warm_start_objectives) == (1, 2, 3, 4)
     assert tuple(warm_start_config(spec, "upto4").sft.warm_start_objectives) == (1, 2, 3, 4)
     assert tuple(base_config(spec).sft.warm_start_objectives) == (1, 2)  # the plain one
-    assert spec.used_warm_starts() == ["plain", "upto4"]
+    assert spec.used_warm_starts() == ["plain", "upto4", "full"]  # `full`: an agent plays it
     # how an arm plays (its rollout settings: a prompt) follows its agents into the evaluation
     assert eval_config(spec, 7, "mem1-ppo-keep").rollout.keep_answers_prompt
     assert eval_config(spec, 7, "mem1-ppo-keep").world.seed == 7
     assert not eval_config(spec, 7, "mem1-ppo").rollout.keep_answers_prompt
     assert agent_play_overrides(spec, "mem1-ppo-keep") == ["rollout.keep_answers_prompt=true"]
     assert agent_play_overrides(spec, "mem1-ppo-upto4") == []  # a warm start's sft.* trains only
+    assert agent_play_overrides(spec, "warm-start-full") == []  # its memory is its agent's
     # directories: the paper's arms keep the pipeline's names, a variant has its own
     dirs = {r.label: r.dir.relative_to(tmp_path).as_posix() for r in arm_runs(spec, tmp_path)}
     assert dirs == {
@@ -647,7 +695,7 @@ def test_an_arm_is_its_trainer_memory_settings_warm_start_and_seeds(tmp_path):
         "mem1-ppo-keep · seed 0": "arm_mem1-ppo-keep/seed0", "mem1-sft · seed 0": "sft_mem1/seed0",
     }  # fmt: skip
     assert list(dirs)[-1] == "mem1-sft · seed 0"  # the RL arms first
-    for d in [tmp_path / "warm_start", tmp_path / "warm_start_upto4",
+    for d in [tmp_path / "warm_start", tmp_path / "warm_start_upto4", tmp_path / "warm_start_full",
               *(r.dir for r in arm_runs(spec, tmp_path))]:  # fmt: skip
         (d / "policy").mkdir(parents=True)
         for name in ("config.json", "model.safetensors"):
@@ -656,6 +704,8 @@ def test_an_arm_is_its_trainer_memory_settings_warm_start_and_seeds(tmp_path):
               for a, p, m in eval_agents(spec, tmp_path)}  # fmt: skip
     assert agents == {
         "warm-start": ("warm_start", "mem1"), "warm-start-upto4": ("warm_start_upto4", "mem1"),
+        # a warm start plays under the memory it was trained under
+        "warm-start-full": ("warm_start_full", "full"),
         "mem1-ppo-s0": ("ppo_mem1/seed0", "mem1"), "mem1-ppo-s1": ("ppo_mem1/seed1", "mem1"),
         "mem1-ppo-long-s3": ("arm_mem1-ppo-long/seed3", "mem1"),
         "mem1-ppo-upto4-s0": ("arm_mem1-ppo-upto4/seed0", "mem1"),
@@ -667,6 +717,11 @@ def test_an_arm_is_its_trainer_memory_settings_warm_start_and_seeds(tmp_path):
         "mem1-ppo-upto4 above mem1-ppo at N=8",
     ]
     assert claims_for(2, [4], spec.roles)[0].a == "mem1-ppo-long"
+    # the paper's claims against the full context where the file reads them
+    assert spec.paper == PaperClaims(full_at=(4,), full_test="not_below", peak_at=8)
+    labels = [c.label for c in claims_for(2, [4, 8], spec.roles, (), spec.paper)]
+    assert labels[1:3] == ["MEM1 not below full context at N=4",
+                           "MEM1's peak tokens at N=8 / full context's"]  # fmt: skip
     # the record a run keeps reads back as the same experiment, its arms in the file's order
     record = json.loads(json.dumps(spec.to_dict(), sort_keys=True))
     assert ExperimentSpec.from_dict(record) == spec

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mem1_core.experiment.plan import split_agent
-from mem1_core.experiment.spec import CLAIM_ROLES
+from mem1_core.experiment.spec import CLAIM_ROLES, PaperClaims
 
 HEADLINE_SCHEMA = 1
 
@@ -173,6 +173,10 @@ class Claim:
     """`em_frac` (a difference, bar in standard errors) or `peak_tokens` (a ratio, bar a
     number it must not exceed)."""
     n: int
+    test: str = "above"
+    """For a difference: `above` (a − b more than the bar's SE above 0) or `not_below` (a − b
+    not more than the bar's SE below 0: no measurable deficit, no test of a gain; outside the
+    Holm family)."""
 
 
 def claims_for(
@@ -180,23 +184,29 @@ def claims_for(
     objectives: list[int],
     roles: Mapping[str, str] | None = None,
     above: tuple = (),
+    paper: PaperClaims | None = None,
 ) -> list[Claim]:
     """The paper's claims, by what they claim: MEM1 above its start at the training N (§5.2),
     MEM1 above the full context at N=8 and 16 (Table 1), MEM1's peak tokens at N=16 relative to
     the full context's (Table 1: 0.27), RL above SFT at every N ≥ 4 (§5.4); then an
     experiment's own (`above`: mem1_core.experiment.spec.Above). `roles`: the agents that play
-    MEM1, the full context, SFT and MEM1's start (CLAIM_ROLES by default)."""
+    MEM1, the full context, SFT and MEM1's start (CLAIM_ROLES by default); `paper`: where and
+    how MEM1 is held against the full context in the experiment's domain (the QA paper's by
+    default; WebShop's: not below it at N=1, its peak tokens at N=1)."""
     r = {**CLAIM_ROLES, **(roles or {})}
+    p = paper or PaperClaims()
     mem1, full, sft, start = r["mem1"], r["full"], r["sft"], r["start"]
     out = [Claim("mem1_above_start", f"MEM1 above its start at N={train_n}",
                  mem1, start, "em_frac", train_n)]  # fmt: skip
+    words = p.full_test.replace("_", " ")
     out += [
-        Claim(f"mem1_above_full@{n}", f"MEM1 above full context at N={n}",
-              mem1, full, "em_frac", n)
-        for n in (8, 16)
+        Claim(f"mem1_{p.full_test}_full@{n}", f"MEM1 {words} full context at N={n}",
+              mem1, full, "em_frac", n, p.full_test)
+        for n in p.full_at
     ]  # fmt: skip
-    out.append(Claim("mem1_peak_over_full@16", "MEM1's peak tokens at N=16 / full context's",
-                     mem1, full, "peak_tokens", 16))  # fmt: skip
+    out.append(Claim(f"mem1_peak_over_full@{p.peak_at}",
+                     f"MEM1's peak tokens at N={p.peak_at} / full context's",
+                     mem1, full, "peak_tokens", p.peak_at))  # fmt: skip
     out += [
         Claim(f"rl_above_sft@{n}", f"RL above SFT at N={n}", mem1, sft, "em_frac", n)
         for n in objectives
@@ -285,7 +295,8 @@ def _holds(claim: Claim, got: dict[str, Any], se_bar: float, ratio_bar: float) -
         return got | {"holds": ok}
     se = got.get("se_paired") or got.get("se")
     z = None if not se else got["value"] / se
-    return got | {"z": z, "holds": z is not None and z > se_bar}
+    bar = -se_bar if claim.test == "not_below" else se_bar
+    return got | {"z": z, "holds": z is not None and z > bar}
 
 
 def one_sided_p(z: float | None) -> float:
@@ -308,6 +319,12 @@ def holm(p: Mapping[str, float], alpha: float) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _bar_text(c: Claim, se_bar: float, ratio_bar: float) -> str:
+    if c.metric == "peak_tokens":
+        return f"≤ {ratio_bar:g}"
+    return f"> −{se_bar:g} SE" if c.test == "not_below" else f"> {se_bar:g} SE"
+
+
 def judge_claims(
     worlds: Mapping[str, Mapping[str, Any]], claims: list[Claim], se_bar: float, ratio_bar: float
 ) -> list[dict[str, Any]]:
@@ -316,7 +333,7 @@ def judge_claims(
     out = []
     for c in claims:
         row = {"key": c.key, "label": c.label, "a": c.a, "b": c.b, "N": c.n, "metric": c.metric,
-               "bar": f"≤ {ratio_bar:g}" if c.metric == "peak_tokens" else f"> {se_bar:g} SE",
+               "test": c.test, "bar": _bar_text(c, se_bar, ratio_bar),
                "worlds": {}}  # fmt: skip
         for w, world in worlds.items():
             seeds = [s for s in world["seeds"].get(c.a, []) if s is not None]
@@ -348,10 +365,11 @@ def correct(claims: list[dict[str, Any]], alpha: float) -> None:
     p-value is the largest of its parts' (Berger 1982); Holm keeps the chance that any of the
     family's claims holds by chance at most `alpha`. Each claim × world gets `p`, `p_holm`,
     and its verdict `holds` only where Holm rejects; a claim every part of which clears the
-    uncorrected bar while Holm does not reject reads `not after correction`."""
+    uncorrected bar while Holm does not reject reads `not after correction`. A `not_below`
+    claim rejects nothing (it holds where no deficit shows), so it is no member of the family."""
     tests = {}
     for i, c in enumerate(claims):
-        if c["metric"] != "em_frac":
+        if c["metric"] != "em_frac" or c.get("test", "above") != "above":
             continue
         for w, got in c["worlds"].items():
             parts = [*got["seeds"].values(), got[POOLED]]
@@ -395,16 +413,18 @@ def experiment_headline(
     above: tuple = (),
     behaviours: Mapping[int, Behaviour] | None = None,
     effects: tuple = (),
+    paper: PaperClaims | None = None,
 ) -> dict[str, Any]:
     """THE experiment headline from each world's per-task scores (`read_scores`); `agents`,
     `roles`, `above`: the experiment's agent names, its claims' roles and its own claims;
     `behaviours`: each world's per-task behaviour (`read_behaviours`); `effects`: differences
-    measured and reported outside the claims (spec.ExperimentSpec.effects)."""
+    measured and reported outside the claims (spec.ExperimentSpec.effects); `paper`: where the
+    paper's claims against the full context are read (spec.PaperClaims)."""
     worlds = {
         str(w): world_headline(s, agents, (behaviours or {}).get(w)) for w, s in evals.items()
     }
     ns = sorted({n for w in worlds.values() for n in w["objectives"]})
-    claims = judge_claims(worlds, claims_for(train_n, ns, roles, above), se_bar, ratio_bar)
+    claims = judge_claims(worlds, claims_for(train_n, ns, roles, above, paper), se_bar, ratio_bar)
     correct(claims, one_sided_p(se_bar))
     effects = judge_claims(worlds, effect_list(effects), se_bar, ratio_bar)
     for rows in (claims, effects):
@@ -425,7 +445,12 @@ def experiment_headline(
             "se": se_bar,
             "peak_ratio": ratio_bar,
             "alpha": one_sided_p(se_bar),
-            "tests": sum(1 for c in claims for w in c["worlds"] if c["metric"] == "em_frac"),
+            "tests": sum(
+                1
+                for c in claims
+                for w in c["worlds"]
+                if c["metric"] == "em_frac" and c["test"] == "above"
+            ),  # fmt: skip
         },
         "effects": effects,
     }

@@ -43,7 +43,7 @@ def write_experiment_headline(spec, cfg, run_dir: Path) -> dict[str, Any]:
     }
     h = experiment_headline(
         evals, worlds[0], cfg.data.train_objectives, spec.se_bar, spec.peak_ratio_bar, spec.name,
-        list(spec.agents), spec.roles, spec.above, behaviours, spec.effects,
+        list(spec.agents), spec.roles, spec.above, behaviours, spec.effects, spec.paper,
     )  # fmt: skip
     pending = [str(s) for s in stage_status(spec, cfg, run_dir) if not s.finished]
     h["complete"], h["pending"] = not pending, pending

@@ -17,6 +17,7 @@ each value commented with why), never from code: a new variant is a new line in 
            plays: {truncate-ppo: {arm: full-ppo, memory: truncate}}, teacher: false}
     curve: {objectives: [8], points: 4}   # the PPO arms' held-out learning curves
     claims: {se: 2.0, peak_ratio: 0.3, mem1: mem1-ppo, full: full-ppo, sft: mem1-sft,
+             full_at: [8, 16], full_test: above, peak_at: 16,
              above: [{a: mem1-ppo-upto4, b: mem1-ppo, objectives: [4, 8]}]}
     ray: false
 
@@ -24,7 +25,8 @@ An arm's config is the profile, the experiment's `set:`, its warm start's `set:`
 defaults (`mem1 train grpo`'s group of 4), its own `set:`, then its memory policy and seed. The
 agents an experiment evaluates are named: `warm-start` (the plain warm start, under MEM1's
 memory), `warm-start-<name>` (a named one), an arm (its policy under its memory, one agent per
-seed), or an entry of `eval.plays` (an arm's policy under another memory).
+seed), or an entry of `eval.plays` (an arm's policy under another memory). A warm start is
+evaluated under the memory it was trained under: MEM1's, or its own `rollout.memory` setting.
 """
 
 from __future__ import annotations
@@ -100,6 +102,23 @@ class Above:
     objectives: tuple[int, ...]
 
 
+FULL_TESTS = ("above", "not_below")
+"""How MEM1 is held against the full context (`claims.full_test`): `above`, its EM higher by
+more than the bar (QA, the paper's Table 1), or `not_below`, no deficit beyond the bar (WebShop:
+70.87 against AgentLM-13B's 70.80, a match at a fraction of the tokens)."""
+
+
+@dataclass(frozen=True)
+class PaperClaims:
+    """Where the paper's claims are read in an experiment's domain (its file's `claims:`): MEM1
+    against the full context at each N of `full_at` under `full_test` (FULL_TESTS), MEM1's peak
+    tokens against the full context's at N=`peak_at`. The defaults are the QA paper's."""
+
+    full_at: tuple[int, ...] = (8, 16)
+    full_test: str = "above"
+    peak_at: int = 16
+
+
 CLAIM_ROLES = {"mem1": "mem1-ppo", "full": "full-ppo", "sft": "mem1-sft",
                "start": WARM_START_AGENT}  # fmt: skip
 """The paper's claims' agents by role (defaults): MEM1 trained by RL, the full-context agent,
@@ -146,6 +165,8 @@ class ExperimentSpec:
     roles: dict[str, str] = field(default_factory=lambda: dict(CLAIM_ROLES))
     """The paper's claims' agents by role (CLAIM_ROLES); a claim whose agents the experiment
     does not evaluate is left out."""
+    paper: PaperClaims = field(default_factory=PaperClaims)
+    """At which N, and how, the paper's claims against the full context are read."""
     above: tuple[Above, ...] = ()
     """The file's own claims: an agent above another at some N (a lever above the paper's
     setting)."""
@@ -219,6 +240,10 @@ class ExperimentSpec:
                     f"{where}: claims.above {c.a} over {c.b} needs both among eval.agents "
                     f"(missing {missing}) and at least one N"
                 )
+        if self.paper.full_test not in FULL_TESTS:
+            raise ValueError(
+                f"{where}: claims.full_test {self.paper.full_test!r}; use one of {list(FULL_TESTS)}"
+            )
         unknown_roles = set(self.roles) - set(CLAIM_ROLES)
         if unknown_roles:
             raise ValueError(
@@ -238,10 +263,17 @@ class ExperimentSpec:
         return self.plays[agent].arm if agent in self.plays else None
 
     def agent_memory(self, agent: str) -> str:
-        """The memory policy an agent plays under."""
+        """The memory policy an agent plays under: an arm's, a play's, or the one its warm
+        start was trained under (its `rollout.memory` setting, MEM1's by default)."""
         if agent in self.plays:
             return self.plays[agent].memory
-        return self.arms[agent].memory if agent in self.arms else WARM_START_MEMORY
+        if agent in self.arms:
+            return self.arms[agent].memory
+        ws = self.warm_start_agents().get(agent, PLAIN)
+        if ws == PLAIN or not any(o.startswith("rollout.memory=") for o in
+                                  self.warm_starts[ws].overrides):  # fmt: skip
+            return WARM_START_MEMORY
+        return warm_start_config(self, ws).rollout.memory
 
     def seeds(self, agent: str) -> tuple[int | None, ...]:
         """The training seeds an agent is evaluated under (a warm start: one, None)."""
@@ -270,6 +302,8 @@ class ExperimentSpec:
             "curve_objectives": list(self.curve_objectives), "curve_points": self.curve_points,
             "se_bar": self.se_bar, "peak_ratio_bar": self.peak_ratio_bar,
             "roles": dict(self.roles),
+            "paper": {"full_at": list(self.paper.full_at), "full_test": self.paper.full_test,
+                      "peak_at": self.paper.peak_at},
             "above": [{"a": c.a, "b": c.b, "objectives": list(c.objectives)} for c in self.above],
             "effects": [{"a": c.a, "b": c.b, "objectives": list(c.objectives)}
                         for c in self.effects],
@@ -297,6 +331,8 @@ class ExperimentSpec:
         return cls(**{
             **d, **{k: tuple(d[k]) for k in tuples if k in d},
             "arms": arms, "plays": plays,
+            "paper": PaperClaims(**{k: tuple(v) if k == "full_at" else v
+                                    for k, v in (d.get("paper") or {}).items()}),
             "warm_starts": {w: WarmStart(tuple(x.get("set", ())))
                             for w, x in (d.get("warm_starts") or {}).items()},
             **{k: tuple(Above(c["a"], c["b"], tuple(c["objectives"])) for c in d.get(k, ()))
@@ -341,7 +377,8 @@ def experiment_path(name_or_path: str) -> Path:
 _KEYS = {"profile", "set", "warm_starts", "arms", "eval", "curve", "claims", "ray"}
 _EVAL_KEYS = {"worlds", "objectives", "objectives_per_n", "agents", "plays", "teacher", "set"}
 _ARM_KEYS = {"trainer", "memory", "seeds", "set", "warm_start"}
-_CLAIM_KEYS = {"se", "peak_ratio", "above", "effects", *CLAIM_ROLES}
+_CLAIM_KEYS = {"se", "peak_ratio", "above", "effects", "full_at", "full_test", "peak_at",
+               *CLAIM_ROLES}  # fmt: skip
 
 
 def _setting(key: str, value: Any) -> str:
@@ -455,6 +492,11 @@ def load_experiment(name_or_path: str, overrides: list[str] | None = None) -> Ex
         se_bar=float(claims.get("se", 2.0)),
         peak_ratio_bar=float(claims.get("peak_ratio", 0.3)),
         roles={r: str(claims.get(r, a)) for r, a in CLAIM_ROLES.items()},
+        paper=PaperClaims(
+            full_at=tuple(int(n) for n in claims.get("full_at", PaperClaims.full_at)),
+            full_test=str(claims.get("full_test", PaperClaims.full_test)),
+            peak_at=int(claims.get("peak_at", PaperClaims.peak_at)),
+        ),
         above=tuple(pairs["above"]),
         effects=tuple(pairs["effects"]),
         ray=bool(raw.get("ray", False)),
@@ -560,4 +602,6 @@ def agent_play_overrides(spec: ExperimentSpec, agent: str) -> list[str]:
     else:
         ws = spec.warm_start_agents().get(agent, PLAIN)
         items = list(spec.warm_starts[ws].overrides) if ws != PLAIN else []
-    return [o for o in items if o.startswith(PLAY_SECTIONS)]
+    # the memory a warm start trained under is the agent's memory (agent_memory), which every
+    # cell plays under already: no config of its own (which would take it off the vLLM player)
+    return [o for o in items if o.startswith(PLAY_SECTIONS) and not o.startswith("rollout.memory=")]
