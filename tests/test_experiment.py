@@ -33,7 +33,12 @@ from mem1_core.experiment.plan import (
     link_reused,
     split_agent,
 )
-from mem1_core.experiment.report import claims_markdown, headline_markdown, plot_scaling
+from mem1_core.experiment.report import (
+    claims_markdown,
+    headline_markdown,
+    plot_scaling,
+    walls_markdown,
+)
 from mem1_core.experiment.spec import (
     ExperimentSpec,
     PaperClaims,
@@ -44,6 +49,7 @@ from mem1_core.experiment.spec import (
     load_experiment,
     warm_start_config,
 )
+from mem1_core.experiment.walls import StageWalls
 
 # ---- settings -----------------------------------------------------------------------------
 
@@ -193,7 +199,22 @@ def test_an_experiment_reuses_a_finished_smol_runs_stages(name, reused, tmp_path
     for arm in ("ppo_mem1", "ppo_full"):
         for seed in (0, 1):
             _metrics(src / arm / f"seed{seed}", [{"iteration": 11, "stopped_by": "iterations"}])
+    walls = StageWalls(src)
+    for stage, seconds in (("warm start", 600.0), ("mem1-ppo · seed 0", 3000.0)):
+        with walls.stage(stage):
+            pass
+        walls._add(stage, seconds)
     assert sorted(link_reused(spec, base_config(spec), src, tmp_path / name)) == reused
+    # the linked stages keep the walls they took where they trained, marked as reused
+    mine = StageWalls(tmp_path / name)
+    assert mine.read() == pytest.approx(walls.read())
+    assert mine.reused() == {s: str(src.resolve()) for s in walls.read()}
+    assert mine.cpus() == walls.cpus()
+    table = walls_markdown(
+        {"walls": mine.read(), "cpus": mine.cpus(), "walls_reused": mine.reused()}
+    )
+    assert "| mem1-ppo · seed 0 (trained in smol, linked) | 50.0 |" in table
+    assert "| total | 60.0 | |" in table and "| of which trained in this run | 0.0 | |" in table
     if name == "modes":
         assert arm_config(spec, "mem1-ppo", 0).trajectory.mode == "tree"
         assert {arm_config(spec, a, 0).trajectory.mode for a in spec.arms} == {

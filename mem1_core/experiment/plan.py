@@ -141,9 +141,11 @@ def finished(run: ArmRun, cfg) -> bool:
 
 def link_reused(spec: ExperimentSpec, cfg, source: Path, run_dir: Path) -> list[str]:
     """Link a finished run's warm starts and arms into `run_dir` (never copied, never trained
-    again) -> what was linked. An arm × seed of `source` short of its count is refused in one
-    line; one `source` never ran is left to train here."""
+    again; their walls come along, marked as reused) -> what was linked. An arm × seed of
+    `source` short of its count is refused in one line; one `source` never ran is left to
+    train here."""
     from mem1_core.experiment.spec import arm_config
+    from mem1_core.experiment.walls import StageWalls
 
     source, run_dir = Path(source).resolve(), Path(run_dir)
     if not (source / WARM_START).is_dir() or not (source / SPEC_FILE).is_file():
@@ -163,11 +165,11 @@ def link_reused(spec: ExperimentSpec, cfg, source: Path, run_dir: Path) -> list[
     differ = set(arm_changes(old["experiment"], spec))
     run_dir.mkdir(parents=True, exist_ok=True)
     linked = []
-    pairs = [(source / WARM_START, run_dir / WARM_START)]
+    pairs = [(source / WARM_START, run_dir / WARM_START, warm_start_stage(PLAIN))]
     for name in spec.used_warm_starts():
         src = warm_start_dir(source, name)
         if name != PLAIN and name not in differ and (src / "result.json").is_file():
-            pairs.append((src, warm_start_dir(run_dir, name)))
+            pairs.append((src, warm_start_dir(run_dir, name), warm_start_stage(name)))
     for run in arm_runs(spec, run_dir):
         src = arm_dir(source, spec, run.arm, run.seed)
         if not src.exists() or run.arm in differ:
@@ -176,12 +178,15 @@ def link_reused(spec: ExperimentSpec, cfg, source: Path, run_dir: Path) -> list[
         if not finished(ArmRun(run.arm, run.seed, src, run.trainer), acfg):
             count, key = arm_count(acfg, run.trainer)
             raise ValueError(f"reuse {source}: {run.label} has not finished its {count} {key}s")
-        pairs.append((src, run.dir))
-    for src, dst in pairs:
+        pairs.append((src, run.dir, run.label))
+    stages = []
+    for src, dst, stage in pairs:
         if not dst.exists():
             dst.parent.mkdir(parents=True, exist_ok=True)
             dst.symlink_to(src)
             linked.append(str(dst.relative_to(run_dir)))
+            stages.append(stage)
+    StageWalls(run_dir).adopt(source, stages)
     return linked
 
 

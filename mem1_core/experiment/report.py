@@ -50,7 +50,7 @@ def write_experiment_headline(spec, cfg, run_dir: Path) -> dict[str, Any]:
     curves = {r.label: read_curve(r.dir) for r in arm_runs(spec, run_dir) if r.rl}
     h["curves"] = curves
     walls = StageWalls(run_dir)
-    h["walls"], h["cpus"] = walls.read(), walls.cpus()
+    h["walls"], h["cpus"], h["walls_reused"] = walls.read(), walls.cpus(), walls.reused()
     out = run_dir / "eval"
     out.mkdir(parents=True, exist_ok=True)
     plots = {
@@ -249,16 +249,25 @@ def headline_markdown(h: dict[str, Any]) -> str:
             tag = "the run’s own test split" if world["own"] else "held out"
             parts.append(f"## Behaviour, world {w} ({tag})\n\n{BEHAVIOUR_NOTE}\n{behaviour}")
     if h.get("walls"):
-        cpus = h.get("cpus") or {}
-        rows = "\n".join(
-            f"| {k} | {v / 60:.1f} | {'; '.join(cpus.get(k, [])) or '?'} |"
-            for k, v in h["walls"].items()
-        )
-        total = sum(h["walls"].values()) / 60
-        parts.append(f"## Wall time per stage\n\n| stage | minutes | CPU |\n|---|---|---|\n"
-                     f"{rows}\n| total | {total:.1f} | |\n")  # fmt: skip
+        parts.append(walls_markdown(h))
     parts.append(f"## How the figures are estimated\n\n{h['estimator']}")
     return "\n".join(parts)
+
+
+def walls_markdown(h: dict[str, Any]) -> str:
+    """The wall time per stage with its CPUs; a stage linked from another run (`--reuse`) is
+    named with the run it trained in, and the total says how much of it this run trained."""
+    cpus, reused = h.get("cpus") or {}, h.get("walls_reused") or {}
+    rows = "\n".join(
+        f"| {k}{f' (trained in {Path(reused[k]).name}, linked)' if k in reused else ''} "
+        f"| {v / 60:.1f} | {'; '.join(cpus.get(k, [])) or '?'} |"
+        for k, v in h["walls"].items()
+    )
+    total = sum(h["walls"].values()) / 60
+    own = sum(v for k, v in h["walls"].items() if k not in reused) / 60
+    here = f"\n| of which trained in this run | {own:.1f} | |" if reused else ""
+    return (f"## Wall time per stage\n\n| stage | minutes | CPU |\n|---|---|---|\n"
+            f"{rows}\n| total | {total:.1f} | |{here}\n")  # fmt: skip
 
 
 # ---- curves -------------------------------------------------------------------------------

@@ -16,6 +16,10 @@ person waited, within one unit of what an uninterrupted run would take.
     walls.read()   # {"warm start": 512.3, "ppo-mem1 · seed 0": 1710.0, ...}
     walls.cpus()   # {"warm start": ["AMD EPYC (x86_64, 2 cores; avx2 avx512f avx512_bf16)"], ...}
 
+A stage an experiment links from a finished run (`--reuse`, mem1_core.experiment.plan.link_reused)
+keeps the wall it took there: `adopt` copies it, with its CPUs, and `reused()` says which run
+it came from, so a run's table is what the whole experiment cost.
+
 A figure is only a figure with its machine: the same stage ran 1.8-2.3x faster on one day's
 CPU than another's, and bf16 compute is 2.5x float32 on one CPU and 1/200 on another. So
 walls.json keeps, under the reserved key `cpus`, each stage's CPUs (one per machine its
@@ -38,6 +42,9 @@ WALLS_FILE = "walls.json"
 OPEN_FILE = "walls.open.json"
 CPUS_KEY = "cpus"
 """walls.json's reserved key: stage -> the CPUs its attempts ran on."""
+REUSED_KEY = "reused"
+"""walls.json's reserved key: stage -> the run directory it was trained in (a linked stage)."""
+RESERVED = (CPUS_KEY, REUSED_KEY)
 HEARTBEAT_SECONDS = 15.0
 
 
@@ -54,11 +61,36 @@ class StageWalls:
 
     def read(self) -> dict[str, float]:
         """Stage -> seconds."""
-        return {k: v for k, v in self._raw().items() if k != CPUS_KEY}
+        return {k: v for k, v in self._raw().items() if k not in RESERVED}
 
     def cpus(self) -> dict[str, list[str]]:
         """Stage -> the CPUs its attempts ran on (each once)."""
         return self._raw().get(CPUS_KEY, {})
+
+    def reused(self) -> dict[str, str]:
+        """Stage -> the run directory it was trained in, for each stage linked from another."""
+        return self._raw().get(REUSED_KEY, {})
+
+    def adopt(self, source: str | Path, stages: list[str]) -> list[str]:
+        """Copy `stages`' walls and CPUs from the run `source` (stages this run links from it,
+        not trained here) -> those it had a wall for. A stage this run has timed keeps its own."""
+        theirs = StageWalls(source)
+        walls, cpus = theirs.read(), theirs.cpus()
+        mine = self._raw()
+        got = [st for st in stages if st in walls and st not in mine]
+        for st in got:
+            mine[st] = walls[st]
+            mine.setdefault(CPUS_KEY, {})[st] = list(cpus.get(st, []))
+            mine.setdefault(REUSED_KEY, {})[st] = str(Path(source))
+        if got:
+            self._write(mine)
+        return got
+
+    def _write(self, walls: dict) -> None:
+        for key in RESERVED:  # last, after the stages
+            if key in walls:
+                walls[key] = walls.pop(key)
+        write_json(walls, self.path)
 
     def _add(self, stage: str, seconds: float, cpu: str | None = None) -> None:
         walls = self._raw()
@@ -66,8 +98,7 @@ class StageWalls:
         cpus = walls.setdefault(CPUS_KEY, {}).setdefault(stage, [])
         if cpu and cpu not in cpus:
             cpus.append(cpu)
-        walls[CPUS_KEY] = walls.pop(CPUS_KEY)  # last, after the stages
-        write_json(walls, self.path)
+        self._write(walls)
 
     def settle(self) -> str | None:
         """Fold a stopped attempt's time (the stamp a killed process left) into its stage.
