@@ -366,6 +366,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--reuse", help="(--experiment) a finished run whose warm start and arms are linked"
     )
+    p.add_argument("--seeds", help="(--experiment) only what these training seeds need: K[,K...]")
+    p.add_argument("--part", help="(--experiment) only the arms of this part (the file's `parts:`)")
     p.add_argument("--config", dest="config_path", help="YAML config file on top of the profile")
     p.add_argument(
         "--set",
@@ -403,7 +405,20 @@ def main(argv: list[str] | None = None) -> int:
     deployment = EXPERIMENT_DEPLOYMENT if args.experiment else DEPLOYMENT
     params = {"overrides": args.overrides, "runs_root": str(run_dir.parent), "run_name": run_name}
     if args.experiment:
-        params = {"experiment": args.experiment, **params, "reuse": args.reuse}
+        from mem1_core.experiment.parts import parse_seeds, select_overrides
+        from mem1_core.experiment.spec import load_experiment
+
+        try:  # a bad part fails here, in one line, before anything is deployed
+            seeds = parse_seeds(args.seeds) if args.seeds else None
+            load_experiment(args.experiment, [*args.overrides, *select_overrides(seeds, args.part)])
+        except (ValueError, FileNotFoundError) as e:
+            say(str(e))
+            return 2
+        params = {"experiment": args.experiment, **params, "reuse": args.reuse, "seeds": seeds,
+                  "part": args.part}  # fmt: skip
+    elif args.seeds or args.part:
+        say("--seeds and --part select a part of an experiment: give --experiment NAME")
+        return 2
     else:
         params = {"profile": args.profile, "config_path": args.config_path, **params}
     # Explicit handlers: a launcher started in the background inherits SIGINT ignored, and a

@@ -199,12 +199,17 @@ def experiment(
     runs_root: str | None = None,
     run_name: str | None = None,
     reuse: str | None = None,
+    seeds: list[int] | None = None,
+    part: str | None = None,
 ) -> dict[str, Any]:
     """The experiment `experiment` (a name under data/experiments/, or a YAML path), with
     `overrides` (`section.field=value`) over its settings, under `runs_root/run_name`; `reuse`:
-    a finished run whose warm start and arms are linked, not trained again."""
+    a finished run whose warm start and arms are linked, not trained again. `seeds`, `part`:
+    run only what those training seeds, or that part of the file's `parts:`, need
+    (mem1_core.experiment.parts); its records merge with the other parts'."""
     from flows.pipeline import resolve_runs_root
     from flows.stages import warm_start
+    from mem1_core.experiment.parts import select_overrides
     from mem1_core.experiment.plan import (
         arm_runs,
         check_run_dir,
@@ -222,7 +227,7 @@ def experiment(
         warm_start_subdir,
     )
 
-    overrides = list(overrides or [])
+    overrides = [*(overrides or []), *select_overrides(seeds, part)]  # every subflow's too
     spec = load_experiment(experiment, overrides)  # a bad file fails here, before any work
     cfg = base_config(spec)
     name = _run_name_of_this_flow_run({"experiment": experiment, "run_name": run_name})

@@ -650,7 +650,9 @@ def test_report_refuses_a_directory_that_is_not_an_experiment_run(tmp_path, caps
     from mem1_core.cli.main import main
 
     assert main(["experiment", "report", str(tmp_path)]) == 2
-    assert "is not an experiment run (no experiment.json)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no manifest.json" in err and "nor an experiment run directory" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 # ---- arms are data --------------------------------------------------------------------------

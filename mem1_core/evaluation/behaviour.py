@@ -83,7 +83,7 @@ def task_behaviour(tr: Trajectory) -> dict[str, Any]:
     }
 
 
-_COLUMNS = ["task_id", "memory", "golden_answers", "answer", "max_turns", "turn_action",
+COLUMNS = ["task_id", "memory", "golden_answers", "answer", "max_turns", "turn_action",
             "turn_gen_text", "turn_info_text", "turn_query", "turn_format_error"]  # fmt: skip
 
 
@@ -92,11 +92,15 @@ def read_behaviour(path: str | Path) -> dict[str, dict[str, Any]] | None:
     None for a file without the turns' columns (scores alone: no behaviour to read)."""
     import pyarrow.parquet as pq
 
-    if not set(_COLUMNS) <= set(pq.read_schema(path).names):
+    if not set(COLUMNS) <= set(pq.read_schema(path).names):
         return None
-    t = pq.read_table(path, columns=_COLUMNS).to_pylist()
+    return behaviour_of_rows(pq.read_table(path, columns=COLUMNS).to_pylist())
+
+
+def behaviour_of_rows(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Task id -> its behaviour figures, from a cell's trajectory rows (with _COLUMNS)."""
     out = {}
-    for r in t:
+    for r in rows:
         turns = [
             Turn(context=[], gen_ids=[], gen_logprobs=[], action=Action(a), gen_text=g or "",
                  info_text=i or "", query=q, format_error=e)

@@ -59,7 +59,7 @@ def read_scores(
     import pyarrow.parquet as pq
 
     out: Scores = {}
-    for agent, n, path in _cell_files(eval_dir, agents, objectives):
+    for agent, n, path in cell_files(eval_dir, agents, objectives):
         t = pq.read_table(path, columns=["task_id", "reward", "peak_tokens"]).to_pydict()
         out.setdefault(agent, {})[n] = {
             str(i): (float(r), float(p))
@@ -79,14 +79,14 @@ def read_behaviours(
     from mem1_core.evaluation.behaviour import read_behaviour
 
     out: Behaviour = {}
-    for agent, n, path in _cell_files(eval_dir, agents, objectives):
+    for agent, n, path in cell_files(eval_dir, agents, objectives):
         got = read_behaviour(path)
         if got is not None:
             out.setdefault(agent, {})[n] = got
     return out
 
 
-def _cell_files(
+def cell_files(
     eval_dir: str | Path, agents: set[str] | None, objectives: set[int] | None
 ) -> Iterator[tuple[str, int, Path]]:
     """(agent, N, trajectories file) of each evaluated cell, only `agents`' at `objectives`

@@ -59,9 +59,12 @@ def training_changes(old: dict, new: dict) -> list[str]:
 
 
 def _record(spec: ExperimentSpec, cfg) -> dict:
+    """The run's record: its experiment, resolved config, and the commit its last start ran."""
     from mem1_core.config import config_json
+    from mem1_core.experiment.records import code_commit
 
-    return {"experiment": spec.to_dict(), "config": json.loads(config_json(cfg))}
+    return {"experiment": spec.to_dict(), "config": json.loads(config_json(cfg)),
+            "code": code_commit()}  # fmt: skip
 
 
 def check_run_dir(run_dir: Path, spec: ExperimentSpec, cfg) -> None:

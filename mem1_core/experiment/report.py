@@ -19,55 +19,41 @@ def _warm_start_cells(h: dict[str, Any]) -> dict[int, dict[str, Any]]:
 
 
 def write_experiment_headline(spec, cfg, run_dir: Path) -> dict[str, Any]:
-    """eval/headline.{json,md}, eval/curves.png and eval/scaling.png of an experiment run, from
-    its evaluations' trajectories, its arms' metrics and walls.json. On a run still going
-    (`mem1 experiment report`) it is the headline so far: `complete` is false, `pending` names
-    each unfinished stage, and a claim whose cells are not all played is left out.
-    -> {"headline", "markdown", "plots": {title: path}}."""
-    from mem1_core.experiment.headline import experiment_headline, read_behaviours, read_scores
-    from mem1_core.experiment.plan import (
-        agent_names,
-        arm_runs,
-        eval_worlds,
-        stage_status,
-        world_dirs,
-    )
-    from mem1_core.experiment.walls import StageWalls
-    from mem1_core.runs.atomic import write_json, write_text
+    """eval/headline.{json,md}, eval/curves.png and eval/scaling.png of an experiment run: its
+    records (mem1_core.experiment.records.export_run, the one read of the run directory), then
+    the headline of those records. On a run still going it is the headline so far: `complete`
+    is false, `pending` names each unfinished stage, and a claim whose cells are not all played
+    is left out. -> {"headline", "markdown", "plots": {title: path}}."""
+    from mem1_core.experiment.records import export_run
 
     run_dir = Path(run_dir)
-    names, worlds = set(agent_names(spec)), eval_worlds(spec, cfg)
-    evals = {w: read_scores(world_dirs(run_dir, w)[1], names, set(spec.objectives)) for w in worlds}
-    behaviours = {
-        w: read_behaviours(world_dirs(run_dir, w)[1], names, set(spec.objectives)) for w in worlds
-    }
-    h = experiment_headline(
-        evals, worlds[0], cfg.data.train_objectives, spec.se_bar, spec.peak_ratio_bar, spec.name,
-        list(spec.agents), spec.roles, spec.above, behaviours, spec.effects, spec.paper,
-    )  # fmt: skip
-    pending = [str(s) for s in stage_status(spec, cfg, run_dir) if not s.finished]
-    h["complete"], h["pending"] = not pending, pending
-    curves = {r.label: read_curve(r.dir) for r in arm_runs(spec, run_dir) if r.rl}
-    h["curves"] = curves
-    walls = StageWalls(run_dir)
-    h["walls"], h["cpus"], h["walls_reused"] = walls.read(), walls.cpus(), walls.reused()
-    out = run_dir / "eval"
+    return write_report(export_run(run_dir), run_dir / "eval", f"`{run_dir.name}`")
+
+
+def write_report(rec, out: Path, title: str) -> dict[str, Any]:
+    """headline.{json,md}, curves.png and scaling.png under `out`, from records alone (one
+    part's or several merged: mem1_core.experiment.merge). -> {"headline", "markdown",
+    "plots": {title: path}}."""
+    from mem1_core.experiment.merge import headline_of
+    from mem1_core.runs.atomic import write_json, write_text
+
+    h = headline_of(rec)
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     plots = {
         "Learning curves (held-out EM, sampled reward, KL), per arm and seed": plot_curves(
-            {k: rows for k, rows in curves.items() if rows},
-            cfg.data.train_objectives,
-            out / "curves.png",
-            start=_warm_start_cells(h),
+            {k: rows for k, rows in h["curves"].items() if rows}, rec.train_n,
+            out / "curves.png", start=_warm_start_cells(h),
         ),
         "EM and peak tokens against N, per world": plot_scaling(h, out / "scaling.png"),
-    }
+    }  # fmt: skip
+    pending = h["pending"]
     status = (
         ""
         if not pending
         else "**Not finished: the headline so far.** Still to do: " + "; ".join(pending) + ".\n\n"
     )
-    md = f"# Experiment `{spec.name}`: `{run_dir.name}`\n\n{status}{headline_markdown(h)}"
+    md = f"# Experiment `{h['experiment']}`: {title}\n\n{status}{headline_markdown(h)}"
     write_json(h, out / "headline.json")
     write_text(md, out / "headline.md")
     return {"headline": h, "markdown": md, "plots": {k: str(v) for k, v in plots.items() if v}}
@@ -248,10 +234,24 @@ def headline_markdown(h: dict[str, Any]) -> str:
         if behaviour := behaviour_markdown(world):
             tag = "the run’s own test split" if world["own"] else "held out"
             parts.append(f"## Behaviour, world {w} ({tag})\n\n{BEHAVIOUR_NOTE}\n{behaviour}")
+    if len(h.get("parts") or []) > 1:
+        parts.append(parts_markdown(h))
     if h.get("walls"):
         parts.append(walls_markdown(h))
     parts.append(f"## How the figures are estimated\n\n{h['estimator']}")
     return "\n".join(parts)
+
+
+def parts_markdown(h: dict[str, Any]) -> str:
+    """Where each merged part ran: its run, commit, CPU and the minutes it trained and
+    evaluated (stages linked from another run aside)."""
+    rows = "\n".join(
+        f"| {p['label']} | {p['run']} | {(p.get('commit') or '?')[:10]} | {p['minutes']:.1f} | "
+        f"{'; '.join(p['cpus']) or '?'} |"
+        for p in h["parts"]
+    )
+    return ("## Parts\n\n| part | run | commit | minutes | CPU |\n|---|---|---|---|---|\n"
+            f"{rows}\n")  # fmt: skip
 
 
 def walls_markdown(h: dict[str, Any]) -> str:

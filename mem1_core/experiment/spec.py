@@ -176,6 +176,18 @@ class ExperimentSpec:
     claim needs. They are no part of the claims' family (no verdict, no correction)."""
     ray: bool = False
     """Train the PPO arms on Ray actors (a cluster); False: in the flow's own process."""
+    parts: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Named parts (the file's `parts:`): part -> the arms it trains, where one training seed of
+    every arm is more than a machine should run at once (mem1_core.experiment.parts)."""
+    pair_across_starts: bool = False
+    """Merging parts whose warm starts' weights differ is meant (the file's `merge:`): their
+    arms are compared with the first part's warm start. False: such a merge is refused."""
+    selection: dict[str, Any] | None = None
+    """The part of the experiment this spec runs (`{"seeds": [...], "part": NAME}`:
+    mem1_core.experiment.parts.select_part); None: the whole experiment."""
+    whole: dict[str, Any] | None = field(default=None, compare=False)
+    """The whole experiment (its to_dict) where this spec is one part of it: what a merge of
+    parts judges the claims by."""
 
     def __post_init__(self) -> None:
         from mem1_core.config.sections import MEMORIES
@@ -251,6 +263,13 @@ class ExperimentSpec:
             )
         if self.objectives_per_n < 1 or not self.objectives or min(self.objectives) < 1:
             raise ValueError(f"{where}: objectives and objectives_per_n must be >= 1")
+        for part, arms in self.parts.items():
+            unknown = [a for a in arms if a not in self.arms]
+            if not arms or (unknown and self.selection is None):
+                raise ValueError(
+                    f"{where}: part {part} trains arms {list(arms)}; give at least one of the "
+                    f"experiment's arms ({list(self.arms)})"
+                )
 
     def warm_start_agents(self) -> dict[str, str]:
         """Agent name -> warm start name (`warm-start` -> PLAIN)."""
@@ -281,12 +300,12 @@ class ExperimentSpec:
         return (None,) if arm is None else self.arms[arm].seeds
 
     def used_warm_starts(self) -> list[str]:
-        """The warm starts a run trains: the plain one, then each an arm or agent needs."""
+        """The warm starts a run trains, each an arm or agent needs: the plain one first."""
         wanted = {a.warm_start for a in self.arms.values()}
         wanted |= {
             self.warm_start_agents()[a] for a in self.agents if a in self.warm_start_agents()
         }
-        return [PLAIN, *(w for w in self.warm_starts if w in wanted)]
+        return [w for w in (PLAIN, *self.warm_starts) if w in wanted]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -308,6 +327,10 @@ class ExperimentSpec:
             "effects": [{"a": c.a, "b": c.b, "objectives": list(c.objectives)}
                         for c in self.effects],
             "ray": self.ray,
+            "parts": {p: list(arms) for p, arms in self.parts.items()},
+            "pair_across_starts": self.pair_across_starts,
+            "selection": self.selection,
+            "whole": self.whole,
         }  # fmt: skip
 
     @classmethod
@@ -331,6 +354,7 @@ class ExperimentSpec:
         return cls(**{
             **d, **{k: tuple(d[k]) for k in tuples if k in d},
             "arms": arms, "plays": plays,
+            "parts": {p: tuple(x) for p, x in (d.get("parts") or {}).items()},
             "paper": PaperClaims(**{k: tuple(v) if k == "full_at" else v
                                     for k, v in (d.get("paper") or {}).items()}),
             "warm_starts": {w: WarmStart(tuple(x.get("set", ())))
@@ -374,7 +398,8 @@ def experiment_path(name_or_path: str) -> Path:
     return found
 
 
-_KEYS = {"profile", "set", "warm_starts", "arms", "eval", "curve", "claims", "ray"}
+_KEYS = {"profile", "set", "warm_starts", "arms", "eval", "curve", "claims", "ray", "parts",
+         "merge", "select"}  # fmt: skip
 _EVAL_KEYS = {"worlds", "objectives", "objectives_per_n", "agents", "plays", "teacher", "set"}
 _ARM_KEYS = {"trainer", "memory", "seeds", "set", "warm_start"}
 _CLAIM_KEYS = {"se", "peak_ratio", "above", "effects", "full_at", "full_test", "peak_at",
@@ -446,6 +471,7 @@ def load_experiment(name_or_path: str, overrides: list[str] | None = None) -> Ex
     own = [o for o in overrides or [] if o.startswith(SPEC_PREFIX)]
     overrides = [o for o in overrides or [] if not o.startswith(SPEC_PREFIX)]
     _apply_spec_overrides(raw, own)
+    select = raw.pop("select", None)
     ev, curve, claims = raw.get("eval") or {}, raw.get("curve") or {}, raw.get("claims") or {}
     for where, keys, allowed in (("", raw, _KEYS), ("eval.", ev, _EVAL_KEYS),
                                  ("claims.", claims, _CLAIM_KEYS)):  # fmt: skip
@@ -474,7 +500,7 @@ def load_experiment(name_or_path: str, overrides: list[str] | None = None) -> Ex
                     f"{path}: claims.{key}: write {{a: AGENT, b: AGENT, objectives: [N]}}"
                 )
             out.append(Above(str(c["a"]), str(c["b"]), tuple(int(n) for n in c["objectives"])))
-    return ExperimentSpec(
+    whole = ExperimentSpec(
         name=path.stem,
         profile=str(raw["profile"]),
         overrides=(*_settings(str(path), raw.get("set")), *overrides),
@@ -500,7 +526,38 @@ def load_experiment(name_or_path: str, overrides: list[str] | None = None) -> Ex
         above=tuple(pairs["above"]),
         effects=tuple(pairs["effects"]),
         ray=bool(raw.get("ray", False)),
+        parts=_parts(path, raw.get("parts")),
+        pair_across_starts=_merge(path, raw.get("merge")),
     )
+    if not select:
+        return whole
+    from mem1_core.experiment.parts import select_part
+
+    if not isinstance(select, dict) or set(select) - {"seeds", "part"}:
+        raise ValueError(f"{path}: select a part as {{seeds: [0, 1], part: NAME}}, not {select!r}")
+    seeds = select.get("seeds")
+    return select_part(whole, None if seeds is None else [int(s) for s in seeds],
+                       select.get("part"))  # fmt: skip
+
+
+def _parts(path: Path, raw: Any) -> dict[str, tuple[str, ...]]:
+    """The file's `parts:` ({core: {arms: [mem1-ppo, full-ppo]}, ...})."""
+    out = {}
+    for p, v in (raw or {}).items():
+        if not isinstance(v, dict) or set(v) != {"arms"} or not isinstance(v["arms"], list):
+            raise ValueError(f"{path}: part {p}: write {{arms: [ARM, ...]}}")
+        out[str(p)] = tuple(str(a) for a in v["arms"])
+    return out
+
+
+def _merge(path: Path, raw: Any) -> bool:
+    """The file's `merge:` ({pair_across_starts: true}): whether merging parts whose warm
+    starts differ is meant."""
+    if raw is None:
+        return False
+    if not isinstance(raw, dict) or set(raw) - {"pair_across_starts"}:
+        raise ValueError(f"{path}: merge: write {{pair_across_starts: true|false}}")
+    return bool(raw.get("pair_across_starts", False))
 
 
 def _curve(spec: ExperimentSpec, overrides: list[str]) -> list[str]:
