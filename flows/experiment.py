@@ -171,7 +171,7 @@ class Standing:
                 )
             else:
                 update_progress_artifact(self.progress_id, percent, description=about)
-        made = write_experiment_headline(self.spec, self.cfg, self.run_dir)
+        made = write_experiment_headline(self.run_dir)
         publish_markdown(
             HEADLINE_KEY,
             f"{made['markdown']}\n\n{image_section(made['plots'])}",

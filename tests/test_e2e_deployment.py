@@ -134,6 +134,7 @@ def test_deployment_file_names_the_flows_and_a_nightly_cron():
     assert flows["train-eval"] == "mem1"  # so `prefect deployment run mem1/train-eval` works
     assert f"mem1/{deps['train-eval']['name']}" == launch.DEPLOYMENT
     assert flows["nightly"] == "mem1-nightly-eval"
+    assert flows["experiment"] == flows["experiment-report"] == "mem1"
     (cron,) = [s["cron"] for s in deps["nightly"]["schedules"]]
     assert len(cron.split()) == 5
     (pull,) = spec["pull"]
@@ -148,7 +149,8 @@ def test_importing_the_flows_loads_no_torch():
     where a stage runs, not at the top (they took 20 s of each deploy and flow-run start)."""
     heavy = ("torch", "transformers", "pandas")
     code = (
-        "import sys, flows.pipeline, flows.stages, flows.data, flows.index, deployments.launch\n"
+        "import sys, flows.pipeline, flows.stages, flows.data, flows.index, flows.report\n"
+        "import deployments.launch\n"
         f"print(' '.join(m for m in {heavy!r} if m in sys.modules))"
     )
     done = subprocess.run(

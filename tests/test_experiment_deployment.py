@@ -25,6 +25,8 @@ from deployments.processes import stop_process_tree
 from mem1_core.experiment.headline import POOLED
 
 TIMEOUT_S = 1800  # a loaded 2-core machine: ~20 min seen; idle, a few minutes
+WHOLE: dict[str, Path] = {}
+"""The whole smoke experiment's run directory, once the first test has run it."""
 
 
 def _wait(what: str, until, timeout: float = TIMEOUT_S, every: float = 0.5):
@@ -74,6 +76,7 @@ def test_experiment_resumes_after_a_crash_and_publishes_its_claims(deployed, tmp
         )
         # no run name: the run directory is named after the flow run, the same on its retry
         run_dir = runs_root / f"smoke-{str(run.id)[:8]}"
+        WHOLE["run"] = run_dir
         # Kill the flow run once the full-context arm has started: the warm start and both
         # MEM1 arms are finished by then, the full-context arm is not.
         _wait("the full-context arm to start", lambda: (run_dir / "ppo_full" / "seed0").exists())
@@ -183,3 +186,44 @@ def test_experiment_resumes_after_a_crash_and_publishes_its_claims(deployed, tmp
     assert len(so_far) >= 3, len(so_far)  # the start, the warm start, each arm trained, world 0
     assert any("full-ppo · seed 1: 0 of 2 iterations" in d for d in so_far)
     assert progress.data == 100.0 and "evaluation, world 4242: done" in progress.description
+
+
+@pytest.mark.server
+@pytest.mark.slow
+@needs_server
+def test_parts_on_their_own_runs_merge_into_the_whole_runs_figures(deployed, tmp_path):  # noqa: F811
+    """The smoke experiment as two parts (`seeds=[0]`, `seeds=[1]`), each a deployment run in
+    its own run directory that trains its own warm start: their records, exported and merged,
+    state every figure of the whole run's headline (the test above), to the last digit."""
+    from prefect.deployments import run_deployment
+
+    from mem1_core.experiment.merge import headline_of, merge_records
+    from mem1_core.experiment.records import export_run, read_records, write_records
+
+    if "run" not in WHOLE:
+        pytest.skip("the whole run (the test above) did not run")
+    worker = launch.start_worker(tmp_path / "worker.log")
+    try:
+        for seed in (0, 1):
+            run = run_deployment(
+                launch.EXPERIMENT_DEPLOYMENT,
+                parameters={"experiment": "smoke", "runs_root": str(tmp_path / "runs"),
+                            "run_name": f"seed{seed}", "seeds": [seed]},
+                timeout=TIMEOUT_S, as_subflow=False,
+            )  # fmt: skip
+            assert run.state.is_completed(), (tmp_path / "worker.log").read_text()[-4000:]
+    finally:
+        stop_process_tree(worker)
+    for seed in (0, 1):
+        write_records(export_run(tmp_path / "runs" / f"seed{seed}"), str(tmp_path / f"r{seed}"))
+    merged = headline_of(merge_records([read_records(str(tmp_path / f"r{s}")) for s in (1, 0)]))
+    whole = json.loads((WHOLE["run"] / "eval" / "headline.json").read_text())
+
+    def figures(h):
+        curves = {k: [{x: v for x, v in r.items() if x != "seconds"} for r in rows]
+                  for k, rows in h["curves"].items()}  # fmt: skip
+        return json.dumps({k: h[k] for k in ("claims", "effects", "worlds", "bars")}
+                          | {"curves": curves}, sort_keys=True)  # fmt: skip
+
+    assert figures(merged) == figures(whole)
+    assert {p["label"] for p in merged["parts"]} == {"seed 0", "seed 1"}

@@ -18,7 +18,7 @@ def _warm_start_cells(h: dict[str, Any]) -> dict[int, dict[str, Any]]:
     return {c["N"]: c for c in cells if c["agent"] == "warm-start" and c["seed"] == POOLED}
 
 
-def write_experiment_headline(spec, cfg, run_dir: Path) -> dict[str, Any]:
+def write_experiment_headline(run_dir: Path) -> dict[str, Any]:
     """eval/headline.{json,md}, eval/curves.png and eval/scaling.png of an experiment run: its
     records (mem1_core.experiment.records.export_run, the one read of the run directory), then
     the headline of those records. On a run still going it is the headline so far: `complete`
