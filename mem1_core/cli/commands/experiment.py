@@ -27,6 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("sources", nargs="+", metavar="SOURCE",
                    help="experiment run directories and exported records (paths or URLs)")  # fmt: skip
     r.add_argument("--out", help="where the headline goes (one run directory: its eval/)")
+    r.add_argument("--update-docs", action="store_true",
+                   help="rewrite the experiment's generated blocks in README.md and "
+                   "docs/results.md, and docs/<experiment>_scaling.png")  # fmt: skip
     r.set_defaults(func=cmd_report)
     e = verbs.add_parser("export", help="write a finished run's records (no weights)")
     e.add_argument("run", help="the experiment's run directory (runs/<run name>)")
@@ -64,7 +67,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     from mem1_core.experiment.merge import merge_records
     from mem1_core.experiment.records import RecordsError, read_records
     from mem1_core.experiment.report import claims_markdown, write_report
+    from mem1_core.experiment.results import expand_sources, update_docs
 
+    args.sources = expand_sources(args.sources)
     one_run = len(args.sources) == 1 and (Path(args.sources[0]) / "experiment.json").is_file()
     try:
         rec = merge_records([read_records(s) for s in args.sources])
@@ -76,7 +81,12 @@ def cmd_report(args: argparse.Namespace) -> int:
         return _fail("give --out DIR: where the merged headline goes")
     out = Path(args.out) if args.out else Path(args.sources[0]) / "eval"
     title = f"`{Path(args.sources[0]).name}`" if one_run else f"{len(rec.parts)} parts merged"
-    h = write_report(rec, out, title)["headline"]
+    made = write_report(rec, out, title)
+    h = made["headline"]
+    if args.update_docs:
+        scaling = next((p for t, p in made["plots"].items() if "against N" in t), None)
+        pages = update_docs(h["experiment"], h, scaling)
+        print(f"rewrote the {h['experiment']} blocks of {[str(p) for p in pages] or 'no page'}")
     print()
     if h["claims"]:
         print(claims_markdown(h))
