@@ -54,7 +54,7 @@ def test_a_seed_selects_its_arms_warm_starts_and_agents_and_keeps_the_whole():
     [
         ([7], None, "no arm trains seed [7]; its seeds are [0, 1, 2]"),
         ([2], "keep", "no arm of part keep trains seed [2]; its seeds are [0, 1]"),
-        (None, "levers", "no part 'levers'; its parts are ['paper', 'upto4', 'curriculum', 'keep']"),
+        (None, "levers", "no part 'levers'; its parts are ['paper', 'mem1', 'full', 'upto4', 'curriculum', 'keep']"),
     ],
 )  # fmt: skip
 def test_a_part_that_is_not_there_is_refused_in_one_line(seeds, part, message):
@@ -223,6 +223,11 @@ def test_a_merge_refuses_what_does_not_pair_in_one_line(runs):
     a.experiment = dict(b.experiment)
     assert merge_records([a, b]).starts["plain"]["weights_hash"] is None  # the first part's
     b = export_run(root / "seed1")
+    b.experiment = {
+        **b.experiment,
+        "parts": {"finer": ["mem1-ppo"]},
+    }  # another cut, same experiment
+    assert len(merge_records([export_run(root / "seed0"), b]).parts) == 2
     b.experiment = {**b.experiment, "se_bar": 3.0}
     _one_line([export_run(root / "seed0"), b], "seed1: experiment.se_bar differs")
 

@@ -32,6 +32,12 @@ def _first_difference(a: dict, b: dict) -> str:
     return next((k for k in keys if a.get(k) != b.get(k)), "?")
 
 
+def _what(experiment: dict) -> dict:
+    """An experiment's settings without how it is cut into parts (`parts:` may gain a finer
+    cut for a slower CPU after some parts ran: the experiment is the same)."""
+    return {k: v for k, v in experiment.items() if k != "parts"}
+
+
 def merge_records(recs: list[Records]) -> Records:
     """One experiment's records from its parts' (see the module's docstring)."""
     from mem1_core.experiment.plan import training_changes
@@ -48,8 +54,8 @@ def merge_records(recs: list[Records]) -> Records:
     kept_cells: set[tuple] = set()
     for r in recs:
         src = _src(r)
-        if r.experiment != whole:
-            key = _first_difference(whole, r.experiment)
+        if _what(r.experiment) != _what(whole):
+            key = _first_difference(_what(whole), _what(r.experiment))
             raise RecordsError(f"{src}: experiment.{key} differs from {_src(first)}'s: the parts "
                                "are of different experiments")  # fmt: skip
         changed = training_changes(first.config, r.config)
