@@ -405,8 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     deployment = EXPERIMENT_DEPLOYMENT if args.experiment else DEPLOYMENT
     params = {"overrides": args.overrides, "runs_root": str(run_dir.parent), "run_name": run_name}
     if args.experiment:
+        from mem1_core.experiment.parse import load_experiment
         from mem1_core.experiment.parts import parse_seeds, select_overrides
-        from mem1_core.experiment.spec import load_experiment
 
         try:  # a bad part fails here, in one line, before anything is deployed
             seeds = parse_seeds(args.seeds) if args.seeds else None

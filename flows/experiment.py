@@ -80,8 +80,9 @@ def train_arm(
 ) -> dict[str, Any]:
     """One arm under one training seed, from its warm start; skipped when finished, resumed at
     its newest checkpoint when started."""
+    from mem1_core.experiment.configs import arm_config
+    from mem1_core.experiment.parse import load_experiment
     from mem1_core.experiment.plan import arm_run, finished, warm_start_dir
-    from mem1_core.experiment.spec import arm_config, load_experiment
     from mem1_core.runs.host_memory import release_freed_memory
     from mem1_core.runs.layout import RunPaths, resolve_init
 
@@ -120,8 +121,9 @@ def evaluate_world(
     """Every agent × seed on world `world`, greedy, at the experiment's N; resumed at the first
     cell not yet played."""
     from mem1_core.evaluation.stage import run_objective_scaling
+    from mem1_core.experiment.configs import agent_play_overrides, eval_config
+    from mem1_core.experiment.parse import load_experiment
     from mem1_core.experiment.plan import eval_agents, split_agent, world_dirs
-    from mem1_core.experiment.spec import agent_play_overrides, eval_config, load_experiment
     from mem1_core.runs.host_memory import release_freed_memory
 
     spec = load_experiment(experiment, overrides)
@@ -209,6 +211,8 @@ def experiment(
     (mem1_core.experiment.parts); its records merge with the other parts'."""
     from flows.pipeline import resolve_runs_root
     from flows.stages import warm_start
+    from mem1_core.experiment.configs import arm_config, base_config, warm_start_config
+    from mem1_core.experiment.parse import load_experiment
     from mem1_core.experiment.parts import select_overrides
     from mem1_core.experiment.plan import (
         arm_runs,
@@ -219,13 +223,7 @@ def experiment(
         warm_start_dir,
         warm_start_stage,
     )
-    from mem1_core.experiment.spec import (
-        arm_config,
-        base_config,
-        load_experiment,
-        warm_start_config,
-        warm_start_subdir,
-    )
+    from mem1_core.experiment.spec import warm_start_subdir
 
     overrides = [*(overrides or []), *select_overrides(seeds, part)]  # every subflow's too
     spec = load_experiment(experiment, overrides)  # a bad file fails here, before any work

@@ -152,7 +152,7 @@ def config_sections() -> dict[str, set[str]]:
 
 def experiment_keys() -> tuple[set[str], set[str]] | None:
     """The experiment file's own keys and its `eval:` keys, as the loader checks them."""
-    from mem1_core.experiment import spec
+    from mem1_core.experiment import parse as spec
 
     keys, eval_keys = getattr(spec, "_KEYS", None), getattr(spec, "_EVAL_KEYS", None)
     return (set(keys), set(eval_keys)) if keys and eval_keys else None

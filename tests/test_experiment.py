@@ -16,14 +16,21 @@ from statistics import NormalDist
 import pytest
 
 from mem1_core.config import PPOConfig, config_json
+from mem1_core.experiment.configs import (
+    agent_play_overrides,
+    arm_config,
+    base_config,
+    eval_config,
+    warm_start_config,
+)
 from mem1_core.experiment.headline import (
     POOLED,
     claims_for,
     experiment_headline,
     holm,
     one_sided_p,
-    read_scores,
 )
+from mem1_core.experiment.parse import load_experiment
 from mem1_core.experiment.plan import (
     ArmRun,
     arm_runs,
@@ -39,16 +46,7 @@ from mem1_core.experiment.report import (
     plot_scaling,
     walls_markdown,
 )
-from mem1_core.experiment.spec import (
-    ExperimentSpec,
-    PaperClaims,
-    agent_play_overrides,
-    arm_config,
-    base_config,
-    eval_config,
-    load_experiment,
-    warm_start_config,
-)
+from mem1_core.experiment.spec import ExperimentSpec, PaperClaims
 from mem1_core.experiment.walls import StageWalls
 
 # ---- settings -----------------------------------------------------------------------------
@@ -509,10 +507,16 @@ def test_scores_are_read_back_from_the_trajectories(tmp_path):
         pa.table({"task_id": ["a", "b"], "reward": [1.0, 0.5], "peak_tokens": [10, 20]}),
         d / "mem1-ppo-s1_n4.parquet",
     )
-    assert read_scores(tmp_path) == {"mem1-ppo-s1": {4: {"a": (1.0, 10.0), "b": (0.5, 20.0)}}}
+    from mem1_core.experiment.records import _cell_rows, cell_files
+
+    [(agent, n, path)] = cell_files(tmp_path, None, None)
+    rows, behaviour = _cell_rows(path)
+    assert (agent, n, behaviour) == ("mem1-ppo-s1", 4, None)  # no turns: no behaviour to read
+    assert [(r["task_id"], r["reward"], r["peak_tokens"]) for r in rows] == [
+        ("a", 1.0, 10), ("b", 0.5, 20)]  # fmt: skip
     # a cell the experiment no longer asks for (another agent, another N) stays out
-    assert read_scores(tmp_path, {"mem1-ppo-s0"}, {4}) == {}
-    assert read_scores(tmp_path, {"mem1-ppo-s1"}, {2}) == {}
+    assert list(cell_files(tmp_path, {"mem1-ppo-s0"}, {4})) == []
+    assert list(cell_files(tmp_path, {"mem1-ppo-s1"}, {2})) == []
 
 
 KILLED_STAGE = """

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from mem1_core.experiment.configs import base_config
 from mem1_core.experiment.merge import headline_of, merge_records
+from mem1_core.experiment.parse import load_experiment
 from mem1_core.experiment.parts import parse_seeds, select_overrides, select_part
 from mem1_core.experiment.plan import check_run_dir, world_dirs
 from mem1_core.experiment.records import (
@@ -26,7 +28,6 @@ from mem1_core.experiment.records import (
     write_records,
 )
 from mem1_core.experiment.report import write_experiment_headline
-from mem1_core.experiment.spec import base_config, load_experiment
 from mem1_core.trajectory.record import Action, Trajectory, Turn, write_trajectories
 
 # ---- selecting a part ------------------------------------------------------------------------

@@ -7,9 +7,8 @@ The estimators are ESTIMATOR's.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from mem1_core.experiment.plan import split_agent
@@ -48,55 +47,8 @@ POOLED = "pooled"
 
 Scores = dict[str, dict[int, dict[str, tuple[float, float]]]]
 """agent name (with its seed: `mem1-ppo-s1`) -> N -> task id -> (EM fraction, peak tokens)."""
-
-
-def read_scores(
-    eval_dir: str | Path, agents: set[str] | None = None, objectives: set[int] | None = None
-) -> Scores:
-    """Each evaluated cell's per-task scores, from its trajectories (`<agent>_n<N>.parquet`);
-    only `agents`' at `objectives` where given (a cell an earlier setting played and the
-    experiment no longer asks for stays on disk, out of the headline)."""
-    import pyarrow.parquet as pq
-
-    out: Scores = {}
-    for agent, n, path in cell_files(eval_dir, agents, objectives):
-        t = pq.read_table(path, columns=["task_id", "reward", "peak_tokens"]).to_pydict()
-        out.setdefault(agent, {})[n] = {
-            str(i): (float(r), float(p))
-            for i, r, p in zip(t["task_id"], t["reward"], t["peak_tokens"], strict=True)
-        }
-    return out
-
-
 Behaviour = dict[str, dict[int, dict[str, dict[str, Any]]]]
 """agent name -> N -> task id -> its behaviour figures (mem1_core.evaluation.behaviour)."""
-
-
-def read_behaviours(
-    eval_dir: str | Path, agents: set[str] | None = None, objectives: set[int] | None = None
-) -> Behaviour:
-    """Each evaluated cell's per-task behaviour, from its trajectories (as `read_scores`)."""
-    from mem1_core.evaluation.behaviour import read_behaviour
-
-    out: Behaviour = {}
-    for agent, n, path in cell_files(eval_dir, agents, objectives):
-        got = read_behaviour(path)
-        if got is not None:
-            out.setdefault(agent, {})[n] = got
-    return out
-
-
-def cell_files(
-    eval_dir: str | Path, agents: set[str] | None, objectives: set[int] | None
-) -> Iterator[tuple[str, int, Path]]:
-    """(agent, N, trajectories file) of each evaluated cell, only `agents`' at `objectives`
-    where given."""
-    for path in sorted((Path(eval_dir) / "trajectories").glob("*_n*.parquet")):
-        agent, _, n = path.stem.rpartition("_n")
-        if not n.isdigit():
-            continue
-        if (agents is None or agent in agents) and (objectives is None or int(n) in objectives):
-            yield agent, int(n), path
 
 
 def _behaviour_cell(behaviour: Behaviour, names: list[str], n: int) -> dict[str, Any] | None:
@@ -246,7 +198,7 @@ def world_headline(
     """One world's cells (each agent per seed and pooled) and every comparison the claims
     draw on, per seed and pooled. `agents`: the experiment's agent names, in its order (an
     evaluated name is split into agent and seed against them); `behaviour`: each cell's
-    per-task behaviour (`read_behaviours`), its means in each cell's `behaviour`."""
+    per-task behaviour (records.export_run), its means in each cell's `behaviour`."""
     seeds: dict[str, list[int | None]] = {}
     for name in scores:
         base, seed = split_agent(name, agents)
@@ -415,9 +367,9 @@ def experiment_headline(
     effects: tuple = (),
     paper: PaperClaims | None = None,
 ) -> dict[str, Any]:
-    """THE experiment headline from each world's per-task scores (`read_scores`); `agents`,
+    """THE experiment headline from each world's per-task scores (mem1_core.experiment.records); `agents`,
     `roles`, `above`: the experiment's agent names, its claims' roles and its own claims;
-    `behaviours`: each world's per-task behaviour (`read_behaviours`); `effects`: differences
+    `behaviours`: each world's per-task behaviour (records.export_run); `effects`: differences
     measured and reported outside the claims (spec.ExperimentSpec.effects); `paper`: where the
     paper's claims against the full context are read (spec.PaperClaims)."""
     worlds = {

@@ -21,7 +21,7 @@ from typing import Any
 from mem1_core.experiment.spec import ExperimentSpec
 
 SELECT = "experiment.select"
-"""The override prefix that selects a part (mem1_core.experiment.spec.load_experiment)."""
+"""The override prefix that selects a part (mem1_core.experiment.parse.load_experiment)."""
 
 
 def select_overrides(seeds: list[int] | None = None, part: str | None = None) -> list[str]:

@@ -23,12 +23,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from mem1_core.experiment.spec import (
-    PLAIN,
-    ExperimentSpec,
-    arm_subdir,
-    warm_start_subdir,
-)
+from mem1_core.experiment.spec import PLAIN, ExperimentSpec, arm_subdir, warm_start_subdir
 from mem1_core.runs.atomic import write_json
 from mem1_core.runs.layout import WARM_START, RunPaths
 
@@ -147,7 +142,7 @@ def link_reused(spec: ExperimentSpec, cfg, source: Path, run_dir: Path) -> list[
     again; their walls come along, marked as reused) -> what was linked. An arm × seed of
     `source` short of its count is refused in one line; one `source` never ran is left to
     train here."""
-    from mem1_core.experiment.spec import arm_config
+    from mem1_core.experiment.configs import arm_config
     from mem1_core.experiment.walls import StageWalls
 
     source, run_dir = Path(source).resolve(), Path(run_dir)
@@ -293,7 +288,7 @@ class StageStatus:
 def stage_status(spec: ExperimentSpec, cfg, run_dir: Path) -> list[StageStatus]:
     """How far each stage of the run has come, from what it wrote: the warm starts, each arm ×
     seed (iterations or steps in its metrics), each world's evaluation (cells played)."""
-    from mem1_core.experiment.spec import arm_config
+    from mem1_core.experiment.configs import arm_config
 
     run_dir = Path(run_dir)
     out = [

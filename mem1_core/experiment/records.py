@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,19 @@ class Records:
 
 
 # ---- export: a run directory, read once ---------------------------------------------------
+
+
+def cell_files(
+    eval_dir: str | Path, agents: set[str] | None, objectives: set[int] | None
+) -> Iterator[tuple[str, int, Path]]:
+    """(agent, N, trajectories file) of each evaluated cell, only `agents`' at `objectives`
+    where given."""
+    for path in sorted((Path(eval_dir) / "trajectories").glob("*_n*.parquet")):
+        agent, _, n = path.stem.rpartition("_n")
+        if not n.isdigit():
+            continue
+        if (agents is None or agent in agents) and (objectives is None or int(n) in objectives):
+            yield agent, int(n), path
 
 
 def weights_hash(policy_dir: str | Path) -> str | None:
@@ -170,7 +184,7 @@ def export_run(run_dir: str | Path, samples: int = 0) -> Records:
     """A run directory's records (see the module's docstring); `samples`: that many
     trajectories per cell of the run's own world, as text, for the UI."""
     from mem1_core.evaluation.cells import record_path
-    from mem1_core.experiment.headline import cell_files
+    from mem1_core.experiment.configs import arm_config, base_config, warm_start_config
     from mem1_core.experiment.parts import part_label
     from mem1_core.experiment.plan import (
         SPEC_FILE,
@@ -184,8 +198,8 @@ def export_run(run_dir: str | Path, samples: int = 0) -> Records:
         world_dirs,
     )
     from mem1_core.experiment.report import read_curve
-    from mem1_core.experiment.spec import arm_config, base_config, warm_start_config
     from mem1_core.experiment.walls import StageWalls
+
     run_dir = Path(run_dir)
     hashes: dict[str, str | None] = {}
     if not (run_dir / SPEC_FILE).is_file():

@@ -40,34 +40,52 @@ def expand_sources(sources: list[str]) -> list[str]:
     return out
 
 
-def _block_re(name: str) -> re.Pattern:
-    return re.compile(rf"(<!-- results:{re.escape(name)} -->\n)(.*?)(<!-- /results:{re.escape(name)} -->)",
-                      re.S)  # fmt: skip
+KINDS = ("", ":claims")
+"""A page's block for an experiment: `<!-- results:NAME -->` (results_markdown: everything) or
+`<!-- results:NAME:claims -->` (claims_block: the claims table alone, for the README)."""
 
 
-def doc_blocks(name: str, pages=DOC_PAGES) -> dict[Path, str]:
-    """Page -> the text of its generated block for experiment `name` (pages that have one)."""
+def _block_re(name: str, kind: str) -> re.Pattern:
+    tag = re.escape(name + kind)
+    return re.compile(rf"(<!-- results:{tag} -->\n)(.*?)(<!-- /results:{tag} -->)", re.S)
+
+
+def render(h: dict[str, Any], kind: str) -> str:
+    return claims_block(h) if kind == ":claims" else results_markdown(h)
+
+
+def doc_blocks(name: str, pages=DOC_PAGES) -> dict[tuple[Path, str], str]:
+    """(page, kind) -> the text of its generated block of that kind for experiment `name`."""
     out = {}
     for page in pages:
-        if page.is_file() and (m := _block_re(name).search(page.read_text())):
-            out[page] = m.group(2)
+        text = page.read_text() if page.is_file() else ""
+        for kind in KINDS:
+            if m := _block_re(name, kind).search(text):
+                out[(page, kind)] = m.group(2)
     return out
 
 
 def update_docs(name: str, h: dict[str, Any], scaling: str | None, pages=DOC_PAGES) -> list[Path]:
-    """Rewrite each page's block for `name` with `results_markdown(h)`; copy the scaling plot
-    to docs/<name>_scaling.png -> the pages rewritten."""
+    """Rewrite each page's blocks for `name` from `h`; copy the scaling plot to
+    docs/<name>_scaling.png -> the pages rewritten."""
     import shutil
 
-    text = results_markdown(h)
     done = []
-    for page in doc_blocks(name, pages):
-        old = page.read_text()
-        page.write_text(_block_re(name).sub(lambda m: m.group(1) + text + m.group(3), old))
+    for page, kind in doc_blocks(name, pages):
+        text = render(h, kind)
+        page.write_text(_block_re(name, kind).sub(lambda m, t=text: m.group(1) + t + m.group(3),
+                                                  page.read_text()))  # fmt: skip
         done.append(page)
     if scaling and Path(scaling).is_file():
         shutil.copyfile(scaling, ROOT / "docs" / f"{name}_scaling.png")
-    return done
+    return sorted(set(done))
+
+
+def claims_block(h: dict[str, Any]) -> str:
+    """The claims table with its bar, alone."""
+    from mem1_core.experiment.report import claims_heading, claims_markdown
+
+    return f"Claims ({claims_heading(h)}):\n\n{claims_markdown(h).rstrip()}\n"
 
 
 def _f(v: float | None, se: float | None = None, digits: int = 3) -> str:

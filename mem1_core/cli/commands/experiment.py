@@ -98,8 +98,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def _stages(run: Path) -> None:
+    from mem1_core.experiment.configs import base_config
     from mem1_core.experiment.plan import spec_of_run, stage_status
-    from mem1_core.experiment.spec import base_config
 
     spec = spec_of_run(run)
     print(f"experiment {spec.name}, run {run}")
