@@ -45,6 +45,12 @@ class Config(Section):
                 "ppo.micro_batch_tokens: the FSDP ranks split each minibatch by rows (every rank "
                 "runs as many passes); use ppo.micro_batch_size with resources.learner_strategy=fsdp"
             )
+        if self.ppo.old_logprobs == "rollout" and self.trajectory.mode == "concat":
+            raise ValueError(
+                "trajectory.mode=concat scores tokens in contexts they were not sampled in, so "
+                "its ratio against the sampler's log-probs would not start at 1: use "
+                "ppo.old_logprobs=recompute with it"
+            )
 
     @property
     def loss_scale_factor(self) -> float:

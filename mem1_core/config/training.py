@@ -91,6 +91,9 @@ class TrajectoryConfig(Section):
         TRAJECTORY_MODES.check(self.mode)
 
 
+OLD_LOGPROBS = ("recompute", "rollout")
+"""The sources of PPO's old log-probs (`ppo.old_logprobs`)."""
+
 GSPO_CLIP_RANGE = (3e-4, 4e-4)
 """GSPO's (low, high) clip of the sequence ratio (Zheng et al. 2025, §5.1)."""
 
@@ -234,13 +237,25 @@ class PPOConfig(Section):
     kl_horizon: int = 10000
     """`adaptive`: trajectories over which the coefficient may move by 20% (verl: kl_ctrl.horizon)."""
 
-    # -- Parameters that control the rollout correction --
+    # -- Parameters that control the old policy and the rollout correction --
     rollout_is: str | None = None
     """Truncated importance sampling of the rollout/learner log-prob gap (verl:
     algorithm.rollout_correction.rollout_is): None (off), `token` or `sequence` (one weight
     per trajectory); mem1_core.rl.rollout_correction."""
     rollout_is_threshold: float = 2.0
     """The truncation cap of those weights (verl's default 2.0)."""
+    old_logprobs: str = "recompute"
+    """Where the PPO ratio's old policy comes from. `recompute`: a forward of the policy over
+    every tree token before the epochs (2P FLOPs a token); the rollout's recorded log-probs
+    then measure the sampler/learner gap (`logp_mismatch_*`) and feed `rollout_is`. `rollout`:
+    the sampler's recorded log-probs are the old policy and that forward is skipped (verl:
+    algorithm.rollout_correction.bypass_mode; slime: --use-rollout-logprobs). The sampler is
+    then the behaviour policy and the old one at once: the ratio pi_theta / pi_rollout
+    corrects for any gap between them and its clip truncates it, so `rollout_is` (whose
+    weights pi_old / pi_rollout would all be 1) and `overlap_rollouts` (whose clip would sit
+    around weights an update stale) stay with `recompute`, and no `logp_mismatch_*` is logged
+    (the first step's `approx_kl` is that gap). With one epoch and one minibatch in float32
+    the two give the same update (mem1_core.rl.passes.score)."""
 
     @property
     def clip_range(self) -> tuple[float, float]:
@@ -295,6 +310,23 @@ class PPOConfig(Section):
             raise ValueError(
                 f"ppo.rollout_is_threshold={self.rollout_is_threshold}: the cap of the "
                 "importance weights must be > 0 (verl's default is 2.0)"
+            )
+        if self.old_logprobs not in OLD_LOGPROBS:
+            raise ValueError(
+                f"ppo.old_logprobs={self.old_logprobs!r}: use {' or '.join(OLD_LOGPROBS)}"
+            )
+        if self.old_logprobs == "rollout" and self.overlap_rollouts:
+            raise ValueError(
+                "ppo.old_logprobs=rollout with ppo.overlap_rollouts=true would clip the ratio "
+                "around the sampler's weights, an update stale: use ppo.old_logprobs=recompute "
+                "(with ppo.rollout_is=token) for overlapped rollouts"
+            )
+        if self.old_logprobs == "rollout" and self.rollout_is is not None:
+            raise ValueError(
+                f"ppo.rollout_is={self.rollout_is} weights pi_old / pi_rollout, which is 1 when "
+                "ppo.old_logprobs=rollout makes the sampler the old policy (the ratio against "
+                "it carries the correction): set ppo.rollout_is=null, or "
+                "ppo.old_logprobs=recompute to correct a sampler that computes otherwise"
             )
         if self.overlap_rollouts and self.rollout_is is None:
             raise ValueError(

@@ -220,29 +220,41 @@ def micro_batches(
     return [(m, cut_length(batch, m, seq_bucket)) for m in chunks]
 
 
-def batch_stats(
-    rb: RolloutBatch, t: Targets, rewards: Tensor, kl_kind: str = "k1"
-) -> dict[str, float]:
-    """What the iteration's data looked like before the update (all over generated tokens).
-    `kl_kind`: the estimator of the KL the adaptive controller reads (`kl_ctrl_measured`)."""
+def logp_mismatch(rb: RolloutBatch, t: Targets) -> dict[str, float]:
+    """The gap between the learner's old log-probs and the rollout's, over generated tokens:
+    mean and max, and per turn index (a context rebuilt wrongly from some turn on, MEM1's
+    carried <IS>, shows there, not as a uniform shift; mem1_core.trajectory.mismatch)."""
     mask = t.loss_mask
     gap = (t.old_logp - rb.rollout_logp).abs()
     stats = {
-        "reward": float(rb.scores.mean()),
-        "gen_tokens": int(mask.sum()),
-        "tree_tokens": int(rb.batch.seq_lens.sum()),
         "logp_mismatch_mean": float(masked_mean(gap, mask)),
         "logp_mismatch_max": float(torch.where(mask, gap, 0).max()) if mask.any() else 0.0,
-        "token_reward_sum": float(torch.where(mask, rewards, 0).sum(1).mean()),
-        "advantage_mean": float(masked_mean(t.advantages, mask)),
     }
-    # Per turn index too: a context rebuilt wrongly from some turn on (MEM1's carried <IS>)
-    # shows there, not as a uniform shift (mem1_core.trajectory.mismatch).
     per_turn = turn_logprob_mismatch(rb.rollout_logp, t.old_logp, rb.batch.gen_turn, mask)
     pairs = zip(per_turn["mean"].tolist(), per_turn["max"].tolist(), strict=True)
     for k, (m, x) in enumerate(pairs):
         stats[f"logp_mismatch_mean/turn_{k}"] = m
         stats[f"logp_mismatch_max/turn_{k}"] = x
+    return stats
+
+
+def batch_stats(
+    rb: RolloutBatch, t: Targets, rewards: Tensor, kl_kind: str = "k1", mismatch: bool = True
+) -> dict[str, float]:
+    """What the iteration's data looked like before the update (all over generated tokens).
+    `kl_kind`: the estimator of the KL the adaptive controller reads (`kl_ctrl_measured`).
+    `mismatch`: the old log-probs are the learner's own (`ppo.old_logprobs=recompute`), so
+    their gap to the rollout's is measured (`logp_mismatch_*`)."""
+    mask = t.loss_mask
+    stats = {
+        "reward": float(rb.scores.mean()),
+        "gen_tokens": int(mask.sum()),
+        "tree_tokens": int(rb.batch.seq_lens.sum()),
+        "token_reward_sum": float(torch.where(mask, rewards, 0).sum(1).mean()),
+        "advantage_mean": float(masked_mean(t.advantages, mask)),
+    }
+    if mismatch:
+        stats |= logp_mismatch(rb, t)
     if t.ref_logp is not None:
         stats["kl_ref"] = float(masked_mean(kl_estimate(t.old_logp, t.ref_logp, "k1"), mask))
         # What the adaptive KL controller reads (mem1_core.rl.kl_control): the kl_kind

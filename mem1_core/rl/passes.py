@@ -174,15 +174,21 @@ def emptied(micro: FlatBatch, targets: Targets | None = None) -> tuple[FlatBatch
 
 @torch.no_grad()
 def score(models: Models, rollout: RolloutBatch, settings: UpdateSettings) -> Targets:
-    """Old log-probs (current policy), reference log-probs and values, all over the tree,
-    log-probs at the rollout's sampling temperature (the distribution sampled from).
-    Advantages and returns are left empty (zeros) for `estimate_advantages`. Split over
-    processes, each scores its rows and the sums over processes fill the whole batch (a row
-    is non-zero on the one process that scored it)."""
+    """Old log-probs, reference log-probs and values, all over the tree, log-probs at the
+    rollout's sampling temperature (the distribution sampled from). The old log-probs are the
+    current policy's (`ppo.old_logprobs=recompute`) or the sampler's as the rollout recorded
+    them (`rollout`: the policy's forward is skipped). Advantages and returns are left empty
+    (zeros) for `estimate_advantages`. Split over processes, each scores its rows and the
+    sums over processes fill the whole batch (a row is non-zero on the one process that
+    scored it)."""
     num_rows, length = rollout.batch.input_ids.shape
-    old_logp = torch.zeros(num_rows, length, device=rollout.batch.input_ids.device)
-    ref_logp = torch.zeros_like(old_logp) if models.reference is not None else None
-    values = torch.zeros_like(old_logp) if models.critic is not None else None
+    device = rollout.batch.input_ids.device
+    recompute = settings.ppo.old_logprobs == "recompute"
+    old_logp = torch.zeros(num_rows, length, device=device) if recompute else None
+    ref_logp = (
+        torch.zeros(num_rows, length, device=device) if models.reference is not None else None
+    )
+    values = torch.zeros(num_rows, length, device=device) if models.critic is not None else None
     split, attn = settings.split, settings.attn
     plan = split.micro_batches(
         torch.arange(num_rows),
@@ -191,30 +197,34 @@ def score(models: Models, rollout: RolloutBatch, settings: UpdateSettings) -> Ta
         settings.seq_bucket,
         settings.ppo.micro_batch_tokens,
     )
+    if old_logp is None and ref_logp is None and values is None:
+        plan = []  # nothing to score (every process alike)
     for rows, cut, real in plan:
         micro = select_rows(rollout.batch, rows, cut)
         micro = micro if real else emptied(micro)[0]
         # A BlockMask (flex) is built once and read by all three models.
         mask = split.mask(models.policy, micro, attn)
-        policy_out = split.forward(
-            models.policy, micro, attn, temperature=settings.temperature, mask=mask
-        )
-        micro_ref_logp = None
+        scored = {}
+        if old_logp is not None:
+            scored["old"] = split.forward(
+                models.policy, micro, attn, temperature=settings.temperature, mask=mask
+            ).logprobs
         if ref_logp is not None:
-            micro_ref_logp = split.forward(
+            scored["ref"] = split.forward(
                 models.reference, micro, attn, temperature=settings.temperature, mask=mask
             ).logprobs
-        micro_values = models.critic(micro, attn, mask=mask) if values is not None else None
+        if values is not None:
+            scored["values"] = models.critic(micro, attn, mask=mask)
         if not real:
             continue
-        old_logp[rows, :cut] = policy_out.logprobs
-        if ref_logp is not None:
-            ref_logp[rows, :cut] = micro_ref_logp
-        if values is not None:
-            values[rows, :cut] = micro_values
-    for scored in (old_logp, ref_logp, values):
-        if scored is not None:
-            split.reduce(scored)
+        for name, out in (("old", old_logp), ("ref", ref_logp), ("values", values)):
+            if out is not None:
+                out[rows, :cut] = scored[name]
+    for out in (old_logp, ref_logp, values):
+        if out is not None:
+            split.reduce(out)
+    if old_logp is None:  # every process holds the whole batch's recorded log-probs
+        old_logp = rollout.rollout_logp.clone()
     zeros = torch.zeros_like(old_logp)
     return Targets(rollout.batch.loss_mask, old_logp, zeros, zeros, values, ref_logp)
 

@@ -2,7 +2,8 @@
 
 `update` reads top to bottom: trajectories -> the learner's rows (`trajectory.mode`: one
 flattened tree per trajectory by default; mem1_core.trajectory.modes) ->
-old log-probs, reference log-probs and values (one no-grad pass each over the trees) ->
+old log-probs (recomputed, or the rollout's: `ppo.old_logprobs`), reference log-probs and
+values (one no-grad pass each over the trees) ->
 the rollout correction (optional truncated importance weights of the sampler/learner gap)
 -> token rewards (task score on the last generated token, minus kl_coef * KL to the
 reference unless the KL is a loss term) -> advantages (`ppo.adv_estimator`: GAE over
@@ -11,10 +12,11 @@ minibatches, each accumulated over micro-batches, with `ppo.policy_loss` (token-
 clip or GSPO's sequence ratio) aggregated by `ppo.loss_agg_mode`.
 
 Choices and departures:
-- Old log-probs are recomputed by the learner over the tree, not taken from the rollout;
-  the rollout's recorded ones must agree (to ~1e-6 on CPU fp32). Their gap is reported
-  every iteration (`logp_mismatch_*`): a silent gap between the sampler and the trainer
-  is a known failure of RL stacks, and here it would also expose a wrong tree.
+- Old log-probs are recomputed by the learner over the tree by default; the rollout's
+  recorded ones must agree (to ~1e-6 on CPU fp32). Their gap is reported every iteration
+  (`logp_mismatch_*`): a silent gap between the sampler and the trainer is a known failure
+  of RL stacks, and here it would also expose a wrong tree. `ppo.old_logprobs=rollout`
+  takes the recorded ones instead and skips that forward (verl's bypass mode).
 - Micro-batching is exact, and a non-finite loss or gradient norm skips the step
   (mem1_core.rl.passes, which also holds the one hook by which FSDP ranks split the passes).
 - Models stay in eval mode while training: the PPO ratio must compare the same function
@@ -113,7 +115,8 @@ def update(
     t1 = time.perf_counter()
     targets, correction = correct_rollout(rb, targets, cfg)
     targets, rewards = estimate_advantages(rb, targets, s)
-    stats = batch_stats(rb, targets, rewards, cfg.kl_kind) | correction
+    recompute = cfg.old_logprobs == "recompute"
+    stats = batch_stats(rb, targets, rewards, cfg.kl_kind, mismatch=recompute) | correction
     stats["kl_coef"] = s.kl_coef
     t2 = time.perf_counter()
     stats["phase_score_seconds"] = t1 - t0  # old / reference log-probs and values

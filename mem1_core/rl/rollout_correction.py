@@ -29,6 +29,13 @@ decoupled PPO (Hilton et al. 2021) in verl's decoupled mode (pi_old recomputed, 
 pi_theta / pi_old stays the trust region around the current weights; w = pi_old / pi_rollout
 corrects for the stale sampler. Where they differ: AReaL drops tokens whose weight exceeds
 `behav_imp_weight_cap`; this one, verl's TIS, keeps them at the cap.
+
+With `ppo.old_logprobs=rollout` (verl's `bypass_mode`) the learner does not recompute pi_old:
+the sampler's recorded log-probs are the old policy, so pi_old = pi_rollout and every weight
+here would be 1. The ratio pi_theta / pi_rollout then carries the whole correction from the
+behaviour policy to the trained one, and PPO's clip is its truncation; the config refuses
+`rollout_is` (and `overlap_rollouts`) with it, since only the three-policy form separates a
+sampler that computes otherwise, or an update stale, from the trust region.
 """
 
 from __future__ import annotations
