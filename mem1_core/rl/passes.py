@@ -42,7 +42,7 @@ from mem1_core.rl.losses import (
     entropy_bonus,
     kl_loss,
 )
-from mem1_core.trajectory.logprobs import Attn, forward_tree, tree_attention_mask
+from mem1_core.trajectory.logprobs import Attn, forward_tree, mask_dtype, tree_attention_mask
 from mem1_core.trajectory.tree import FlatBatch
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def one_pass_mask(model: nn.Module, batch: FlatBatch, attn: str) -> object | Non
     checkpointed layer drops the KV cache that the shared-prefix forward hands from the
     trunk to the branches (Hugging Face does so: a recompute would write it twice)."""
     if Attn(attn) is Attn.FLEX or (torch.is_grad_enabled() and is_checkpointing(model)):
-        return tree_attention_mask(batch, attn, next(model.parameters()).dtype)
+        return tree_attention_mask(batch, attn, mask_dtype(model))
     return None
 
 

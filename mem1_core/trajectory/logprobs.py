@@ -23,7 +23,9 @@ Two ways to run the tree (`tree_hidden`), both exact:
 
 Log-probs (and the vocabulary projection) are computed only where asked, by default on the
 generated tokens (`loss_mask`): the trainer reads nothing else, and the (L, V) logits are
-the largest activation of a real vocabulary (152k for Qwen2.5).
+the largest activation of a real vocabulary (152k for Qwen2.5). Even those are taken a chunk
+of rows at a time (`vocab_logprobs`), checkpointed under autograd, so no pass holds (n, V)
+logits for all n generated tokens at once.
 """
 
 from __future__ import annotations
@@ -32,10 +34,12 @@ import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
 from mem1_core.trajectory.masks import block_mask, dense_mask
@@ -102,6 +106,18 @@ def shared_prefix_plan(
     return PrefixPlan(split, shared_prefix_masks(batch, split, dtype))
 
 
+def mask_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype of an additive mask for `model`'s attention: the autocast dtype where
+    autocast is on, else the weights'. sdpa casts a mask of another dtype to the query's in
+    every layer, and autograd then keeps each layer's (rows, 1, Q, K) copy for the backward;
+    one in the compute dtype is passed through, and all layers keep the same one. (On CPU the
+    backward keeps no (Q, K) matrix per head: torch's flash kernel saves the log-sum-exp.)"""
+    param = next(model.parameters())
+    if torch.is_autocast_enabled(param.device.type):
+        return torch.get_autocast_dtype(param.device.type)
+    return param.dtype
+
+
 def use_attention(model: nn.Module, attn: Attn | str | None) -> Attn:
     """Return the model's attention implementation, switching it in place if `attn` differs."""
     current = model.config._attn_implementation
@@ -137,15 +153,69 @@ def logprobs_from_hidden(
     hidden: (B, L, H), input_ids, prev_index, positions: (B, L) -> logprobs, entropy: (B, L)."""
     at = prev_index >= 0 if positions is None else positions & (prev_index >= 0)
     rows, cols = at.nonzero(as_tuple=True)
-    # Only the n asked-for rows go through the vocabulary projection: (n, V), not (B, L, V).
-    logits = lm_head(hidden[rows, prev_index[rows, cols]]).float() / temperature
-    logp_all = F.log_softmax(logits, dim=-1)
+    # Only the n asked-for rows go through the vocabulary projection: (n, V), not (B, L, V),
+    # and that in chunks (vocab_logprobs).
+    logp, entropy = vocab_logprobs(
+        hidden[rows, prev_index[rows, cols]],
+        input_ids[rows, cols],
+        lm_head,
+        temperature,
+        with_entropy,
+    )
     zeros = torch.zeros(at.shape, dtype=torch.float32, device=hidden.device)
-    logp = zeros.index_put((rows, cols), logp_all.gather(-1, input_ids[rows, cols, None])[:, 0])
-    entropy = None
-    if with_entropy:
-        entropy = zeros.index_put((rows, cols), entropy_of(logp_all))
-    return logp, entropy
+    return (
+        zeros.index_put((rows, cols), logp),
+        None if entropy is None else zeros.index_put((rows, cols), entropy),
+    )
+
+
+VOCAB_CHUNK_ELEMENTS = 1 << 24
+"""The most logits `vocab_logprobs` holds at once: chunks of rows x V within this (16M floats,
+64 MB in float32; 341 rows of SmolLM2's 49,152-token vocabulary, 110 of Qwen2.5's 152k)."""
+
+
+def vocab_chunk_rows(vocab_size: int) -> int:
+    """Rows of one chunk of `vocab_logprobs` over a vocabulary of `vocab_size`."""
+    return max(1, VOCAB_CHUNK_ELEMENTS // vocab_size)
+
+
+def vocab_logprobs(
+    h: Tensor,
+    targets: Tensor,
+    lm_head: nn.Module,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-prob of each target under log_softmax(lm_head(h) / temperature), and that
+    distribution's entropy. h: (n, H), targets: (n,) -> logp, entropy (or None): (n,) float32.
+
+    The logits are taken `vocab_chunk_rows` rows at a time, so a vocabulary-sized (n, V) is
+    never held for every token at once (verl's chunked entropy, Liger's chunked loss). Under
+    autograd each chunk is checkpointed: its forward keeps only its (rows, H) input, and the
+    backward recomputes its logits one chunk at a time (one more vocabulary projection of
+    the generated tokens: ~2HV FLOPs each). Values and gradients are the unchunked ones."""
+    weight = lm_head.weight
+    chunk = vocab_chunk_rows(getattr(lm_head, "out_features", None) or weight.shape[0])
+    one = partial(_vocab_chunk, lm_head=lm_head, temperature=temperature, entropy=with_entropy)
+    if h.shape[0] <= chunk:
+        outs = [one(h, targets)]
+    elif torch.is_grad_enabled():
+        outs = [
+            checkpoint(one, hc, tc, use_reentrant=False)
+            for hc, tc in zip(h.split(chunk), targets.split(chunk), strict=True)
+        ]
+    else:
+        outs = [one(hc, tc) for hc, tc in zip(h.split(chunk), targets.split(chunk), strict=True)]
+    logp = torch.cat([o[0] for o in outs])
+    return logp, torch.cat([o[1] for o in outs]) if with_entropy else None
+
+
+def _vocab_chunk(
+    h: Tensor, targets: Tensor, *, lm_head: nn.Module, temperature: float, entropy: bool
+) -> tuple[Tensor, ...]:
+    logp_all = F.log_softmax(lm_head(h).float() / temperature, dim=-1)
+    logp = logp_all.gather(-1, targets[:, None])[:, 0]
+    return (logp, entropy_of(logp_all)) if entropy else (logp,)
 
 
 def entropy_of(logp: Tensor) -> Tensor:
@@ -174,7 +244,7 @@ def tree_hidden(
     attn = use_attention(decoder, attn)
     checkpointing = _drops_cache(decoder)
     if mask is None:
-        dtype = next(decoder.parameters()).dtype
+        dtype = mask_dtype(decoder)
         if attn is Attn.FLEX or checkpointing:
             mask = tree_attention_mask(batch, attn, dtype)
         else:
