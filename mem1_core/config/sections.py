@@ -198,6 +198,28 @@ class RetrievalConfig(Section):
     """With `url`: how long a server that stopped answering is retried (backoff up to 2 s)
     before the run stops with RetrieverUnavailable (`--resume` continues it). Long enough
     for a server to be restarted; a rollout waits meanwhile."""
+    backend: str = "index"
+    """`index`: the run's index (in process, or the server at `url`); `web`: a web search API
+    in Serper's JSON shape at `web_endpoint` (mem1_core.retrieval.web_search; docs/data.md)."""
+    web_endpoint: str = "https://google.serper.dev/search"
+    """With backend `web`: the search API's URL (POST `{"q", "num"}`, answers `organic`)."""
+    web_api_key_env: str = "SERPER_API_KEY"
+    """With backend `web`: the environment variable holding the API key (read at the first
+    request; a rerun served from the cache needs none)."""
+    web_requests_per_second: float = 5.0
+    """With backend `web`: the most requests started per second (all threads together)."""
+    web_timeout_seconds: float = 10.0
+    """With backend `web`: the timeout of each request (connect, and each read)."""
+    web_retries: int = 4
+    """With backend `web`: retries of a request that timed out, could not connect, or got a
+    429 or 5xx, with exponential backoff from 0.5 s (capped at 8 s); then the run stops."""
+    web_concurrency: int = 4
+    """With backend `web`: requests in flight at once (within the rate limit)."""
+    web_cache: str | None = None
+    """With backend `web`: the directory of the on-disk answer cache, keyed by (endpoint,
+    query, k); None: `web_cache/` under the run directory. A rerun asks the API nothing."""
+    web_offline: bool = False
+    """With backend `web`: answer only from `web_cache`; a query it lacks is an error."""
 
     def __post_init__(self) -> None:
         if self.kind not in ("bm25", "dense"):
@@ -206,6 +228,16 @@ class RetrievalConfig(Section):
             raise ValueError("retrieval.topk must be >= 1")
         if self.outage_seconds < 0:
             raise ValueError("retrieval.outage_seconds must be >= 0 (0: only a few retries)")
+        if self.backend not in ("index", "web"):
+            raise ValueError(f"retrieval.backend={self.backend!r}: use index or web")
+        if self.backend == "web" and self.url is not None:
+            raise ValueError("retrieval.url is a Search-R1 server: unset it for backend web")
+        if self.web_requests_per_second <= 0 or self.web_timeout_seconds <= 0:
+            raise ValueError(
+                "retrieval.web_requests_per_second and web_timeout_seconds must be > 0"
+            )
+        if self.web_retries < 0 or self.web_concurrency < 1:
+            raise ValueError("retrieval.web_retries must be >= 0 and web_concurrency >= 1")
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
 """A run's retrieval index, made by the index stage (`mem1 index`, the `build-index` flow)
 under the run directory's `indexes/` (or `retrieval.index`, prebuilt; or a retrieval server
-at `retrieval.url`), and the retriever every rollout reads it through."""
+at `retrieval.url`), and the retriever every rollout reads it through (or, with
+`retrieval.backend=web`, a web search API instead of an index)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from mem1_core.config import Config
@@ -49,9 +51,26 @@ def ensure_run_index(cfg: Config, paths: RunPaths) -> Path:
     return index_dir
 
 
-def make_retriever(cfg: Config, paths: RunPaths) -> Retriever:
+def _index_retriever(cfg: Config, paths: RunPaths) -> Retriever:
     if cfg.retrieval.url:
         from mem1_core.retrieval import HttpRetriever
 
         return HttpRetriever(cfg.retrieval.url, outage_s=cfg.retrieval.outage_seconds)
     return load_index(ensure_run_index(cfg, paths))
+
+
+def _web_retriever(cfg: Config, paths: RunPaths) -> Retriever:
+    from mem1_core.retrieval.web_search import WebSearchRetriever, settings_from_config
+
+    return WebSearchRetriever(settings_from_config(cfg.retrieval, paths.root))
+
+
+BACKENDS: dict[str, Callable[[Config, RunPaths], Retriever]] = {
+    "index": _index_retriever,
+    "web": _web_retriever,
+}
+"""`retrieval.backend` -> the builder of the retriever a run's rollouts read."""
+
+
+def make_retriever(cfg: Config, paths: RunPaths) -> Retriever:
+    return BACKENDS[cfg.retrieval.backend](cfg, paths)

@@ -1,5 +1,6 @@
-"""`mem1 index`, `mem1 search`, `mem1 serve-retriever`: build an index, query it (JSON
-Lines out), serve it over HTTP in the Search-R1 schema."""
+"""`mem1 index`, `mem1 search`, `mem1 serve-retriever`, `mem1 search-standin`: build an index,
+query it (JSON Lines out), serve it over HTTP in the Search-R1 schema, or behind a local
+stand-in of a Serper-style web search API."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import json
 import sys
 from dataclasses import asdict
 from typing import Any
+
+from mem1_core.cli.commands.data import add_config_args
 
 # Option flags -> option names of each index kind; a flag left unset keeps the default,
 # and a flag of the other kind is refused by the options' own validation.
@@ -96,6 +99,43 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _standin(args: argparse.Namespace) -> int:
+    import os
+    import time
+
+    from mem1_core.retrieval import load_index
+    from mem1_core.retrieval.search_standin import standin_server
+
+    if (args.index is None) == (args.run is None):
+        raise ValueError("give exactly one of --index DIR or --run RUN")
+    key = os.environ.get(args.key_env, "").strip()
+    if not key:
+        raise ValueError(
+            f"set {args.key_env} to the key the stand-in accepts (any string; the client reads "
+            "the same variable: retrieval.web_api_key_env)"
+        )
+    if args.run is not None:
+        from mem1_core.cli.commands.data import config_from_args
+        from mem1_core.retrieval.run_index import ensure_run_index
+        from mem1_core.runs.layout import RunPaths
+
+        args.index = ensure_run_index(config_from_args(args), RunPaths(args.run))
+    retriever = load_index(args.index)
+    snippet = None if args.snippet_chars <= 0 else args.snippet_chars
+    with standin_server(
+        retriever, api_key=key, host=args.host, port=args.port, snippet_chars=snippet
+    ) as standin:
+        print(f"stand-in web search API at {standin.url} (index {args.index}); Ctrl-C stops it")
+        print(f"  --set retrieval.backend=web --set retrieval.web_endpoint={standin.url} "
+              f"--set retrieval.web_api_key_env={args.key_env}", flush=True)  # fmt: skip
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     from mem1_core.retrieval.server import DEFAULT_HOST, DEFAULT_PORT, ServerLimits
 
@@ -147,3 +187,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--access-log", action="store_true", help="log every request")
     p.set_defaults(func=_serve)
+
+    p = subparsers.add_parser(
+        "search-standin", help="serve an index as a local stand-in of a Serper-style search API"
+    )
+    p.add_argument("--index", help="index directory")
+    p.add_argument("--run", help="a run directory: serve its index (built if missing)")
+    p.add_argument("--host", default=DEFAULT_HOST, help="bind address (default loopback)")
+    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--key-env", default="SERPER_API_KEY", help="variable holding the key to accept")
+    p.add_argument(
+        "--snippet-chars", type=int, default=0, help="cut snippets to this length (0: whole)"
+    )
+    add_config_args(p)
+    p.set_defaults(func=_standin)
