@@ -49,6 +49,7 @@ from mem1_core.rl.batch import (
 from mem1_core.rl.estimators import get_estimator
 from mem1_core.rl.passes import NonFiniteGuard, UpdateSettings, ppo_epochs, score
 from mem1_core.rl.rollout_correction import rollout_is_weights
+from mem1_core.rl.roofline import iteration_work
 from mem1_core.trajectory.record import Trajectory
 
 
@@ -102,7 +103,8 @@ def update(
 ) -> dict[str, Any]:
     """One learner update on one iteration's trajectories with the settings `s` (the
     driver's: its kl_coef the controller's current one). -> stats (floats), with the
-    seconds of each phase (verl's `fit` timers: where a learner's second goes)."""
+    seconds of each phase (verl's `fit` timers: where a learner's second goes) and each
+    phase's work (`work_*`: FLOPs, decoding's bytes; mem1_core.rl.roofline)."""
     cfg = s.ppo
     if get_estimator(cfg.adv_estimator).uses_critic != (models.critic is not None):
         raise ValueError(
@@ -123,4 +125,5 @@ def update(
     stats["phase_advantages_seconds"] = t2 - t1
     stats |= ppo_epochs(models, optimizers, rb, targets, s, guard, generator)
     stats["phase_epochs_seconds"] = time.perf_counter() - t2  # the gradient steps
+    stats |= iteration_work(models, trajs, rb, cfg)  # each phase's FLOPs or bytes
     return stats | {"nonfinite_total": guard.total}
