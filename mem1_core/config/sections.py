@@ -79,9 +79,43 @@ class EnvConfig(Section):
     max_results: int = 50
     """`webshop`: results a search returns in all, over its pages (WebShop: 50)."""
 
+    noun_parser: str = "standin"
+    """`webshop`: the noun parser of the reward's title score: `standin` (content words; no
+    model to install), `spacy` (goal.py's `en_core_web_sm`) or `spacy:MODEL`. A spaCy setting
+    where spaCy or the model is missing stops the run (docs/webshop.md)."""
+    option_match: str = "webshop"
+    """`webshop`: how the reward compares a goal's options: `webshop` as goal.py does (a
+    synthetic goal's as (group, value) pairs), `value` every goal's by value."""
+    observation: str = "lines"
+    """`webshop`: the page text: `lines` (one thing a line) or `webshop` (WebShop's " [SEP] "
+    text plus MEM1's list of available actions: MEM1's setting)."""
+    format_error: str = "retry"
+    """`webshop`: a broken turn: `retry` (a format error; the page is shown again with a hint)
+    or `end` (MEM1's setting: a broken tag format ends the episode with reward -1)."""
+    goal_split: str = "webshop"
+    """`webshop` with `shop_dir`: the division of the seed-233-shuffled goals: `webshop` (test
+    0-499, dev 500-1,499, train the rest) or `mem1` (test 0-499, train the rest)."""
+
     def __post_init__(self) -> None:
         if self.kind not in ENV_KINDS:
             raise ValueError(f"env.kind={self.kind!r}: use one of {', '.join(ENV_KINDS)}")
+        spacy_model = self.noun_parser.removeprefix("spacy:")
+        if self.noun_parser not in ("standin", "spacy") and not (
+            self.noun_parser.startswith("spacy:") and spacy_model
+        ):
+            raise ValueError(
+                f"env.noun_parser={self.noun_parser!r}: use standin, spacy or spacy:MODEL"
+            )
+        for name, allowed in (
+            ("option_match", ("webshop", "value")),
+            ("observation", ("lines", "webshop")),
+            ("format_error", ("retry", "end")),
+            ("goal_split", ("webshop", "mem1")),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"env.{name}={getattr(self, name)!r}: use one of {', '.join(allowed)}"
+                )
         if self.n_products < 1 or self.n_goals < 1:
             raise ValueError("env.n_products and env.n_goals must be >= 1")
         if not 1 <= self.results_per_page <= self.max_results:
