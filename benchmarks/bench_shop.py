@@ -19,7 +19,7 @@ import time
 
 def main() -> None:
     from mem1_core.models.compute import cpu_info
-    from mem1_core.webshop.catalog import generate_shop
+    from mem1_core.webshop.generate import generate_shop
     from mem1_core.webshop.reward import webshop_reward
     from mem1_core.webshop.search import ShopSearch
 
@@ -45,7 +45,7 @@ def main() -> None:
         chosen = {
             k: goal.options[k] if goal.options.get(k) in v else v[0] for k, v in p.options.items()
         }
-        return webshop_reward(goal, p, chosen, p.price, nouns="content-words").total
+        return webshop_reward(goal, p, chosen, p.price, nouns="standin").total
 
     t = time.perf_counter()
     first = [buy(g, r[0]) if r else 0.0 for g, r in zip(shop.goals, results, strict=True)]

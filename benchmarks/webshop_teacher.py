@@ -33,8 +33,8 @@ def main() -> None:
     from mem1_core.config import RolloutConfig
     from mem1_core.models.tokenizer import train_tiny_tokenizer
     from mem1_core.rollout.loop import rollout
-    from mem1_core.webshop.catalog import generate_shop
     from mem1_core.webshop.env import WebShopEnvironment, shop_tasks
+    from mem1_core.webshop.generate import generate_shop
     from mem1_core.webshop.run import tokenizer_texts
     from mem1_core.webshop.teacher import WebShopTeacher
 

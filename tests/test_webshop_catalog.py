@@ -16,10 +16,10 @@ from mem1_core.webshop.catalog import (
     Product,
     Shop,
     ShopFormatError,
-    generate_shop,
     option_text,
     price_bound,
 )
+from mem1_core.webshop.generate import generate_shop
 
 
 @pytest.fixture(scope="module")

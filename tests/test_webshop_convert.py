@@ -143,7 +143,7 @@ def test_human_goals(files):
     assert g.options == {"scent": "mint", "size": "16 fl oz"}
     # buying the target with the asked options at its price scores 1
     target = shop.target(g)
-    r = webshop_reward(g, target, g.options, target.price, nouns="content-words")
+    r = webshop_reward(g, target, g.options, target.price, nouns="standin")
     assert r.total == 1.0
 
 
@@ -185,13 +185,15 @@ def test_malformed_files_fail_in_one_line(files, tmp_path, capsys):
     assert rc == 2 and err.count("\n") == 1
     assert "items.json: item 1 (asin B000000002): field 'query': missing" in err
     files["items"].write_text(good)
+    good_ins = files["ins"].read_text()
     files["ins"].write_text(json.dumps([1, 2]))
     with pytest.raises(ShopFormatError, match=r"ins\.json: expected an object"):
         convert_webshop(files["items"], files["ins"])
+    files["ins"].write_text(good_ins)
     human = {"B000000001": [{"instruction": "x", "instruction_options": []}]}
     files["human"].write_text(json.dumps(human))
     message = r"human\.json: asin B000000001 instruction 0: field 'instruction_attributes'"
     with pytest.raises(ShopFormatError, match=message):
-        convert_webshop(files["items"], None, files["human"])
+        convert_webshop(files["items"], files["ins"], files["human"])
     with pytest.raises(ValueError, match="synthetic goals need --instructions"):
         convert_webshop(files["items"], goals="synthetic")

@@ -5,7 +5,7 @@ The formula: total = (attribute matches + option matches + [price <= bound]) / (
 shared tokens and A, B each side's sorted extra tokens, the best of ratio(S, S+A),
 ratio(S, S+B), ratio(S+A, S+B), where ratio(x, y) = 200 * LCS(x, y) / (|x| + |y|), rounded to
 an integer; a match needs more than 85. Titles' nouns here come from the stated stand-in
-(content words), so every case passes nouns="content-words".
+(content words), so every case passes nouns="standin".
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import pytest
 
 from mem1_core.webshop.catalog import Goal, Product
 from mem1_core.webshop.reward import (
+    NounParserUnavailable,
     content_words,
     fuzzy_score,
     normalize_color,
@@ -72,7 +73,7 @@ def goal(
 
 
 def reward(g: Goal, p: Product, chosen: dict[str, str], price: float):
-    return webshop_reward(g, p, chosen, price, nouns="content-words")
+    return webshop_reward(g, p, chosen, price, nouns="standin")
 
 
 def test_everything_matched_scores_one():
@@ -83,7 +84,7 @@ def test_everything_matched_scores_one():
     assert r.total == 1.0 and r.success
     assert (r.r_type, r.r_att, r.r_option, r.r_price) == (1.0, 1.0, 1.0, True)
     assert r.title_score == pytest.approx(0.4) and r.query_match and r.category_match
-    assert r.noun_parser == "content-words"
+    assert r.noun_parser == "standin"
 
 
 def test_partial_attributes_and_options_and_price_over():
@@ -227,7 +228,7 @@ def test_spacy_path_reads_noun_tags():
     ruler.add([[{"LOWER": "acme"}]], {"POS": "PROPN"})
     ruler.add([[{"LOWER": "running"}]], {"POS": "VERB"})
     assert spacy_noun_parser(nlp)("Acme Running Shoes") == ["acme", "shoes"]
-    with pytest.raises(OSError):
+    with pytest.raises(NounParserUnavailable, match="no_such_model_here, which is not installed"):
         noun_parser("spacy:no_such_model_here")
 
 
@@ -238,10 +239,25 @@ def test_bad_input():
         reward(goal(), product(), {}, -1.0)
     with pytest.raises(ValueError, match="strings"):
         reward(goal(), product(), {"size": 9}, 1.0)  # type: ignore[dict-item]
-    with pytest.raises(ValueError, match="noun parser"):
-        webshop_reward(goal(), product(), {}, 1.0, nouns="nltk")
-    assert noun_parser("auto")[0] in (
-        "content-words",
-        "spacy:en_core_web_lg",
-        "spacy:en_core_web_sm",
-    )
+    for spec in ("nltk", "auto", "spacy:"):
+        with pytest.raises(ValueError, match="noun_parser"):
+            webshop_reward(goal(), product(), {}, 1.0, nouns=spec)
+    with pytest.raises(ValueError, match="option_match"):
+        webshop_reward(goal(), product(), {}, 1.0, option_match="fuzzy")
+
+
+def test_a_spacy_setting_without_spacy_stops_in_one_line():
+    """The noun parser is a setting, never a guess: `spacy` where spaCy or its model is missing
+    raises one line that says what to install or set."""
+    try:
+        import spacy
+
+        spacy.load("en_core_web_sm")
+        pytest.skip("spaCy and en_core_web_sm are installed here")
+    except (ImportError, OSError):
+        pass
+    with pytest.raises(NounParserUnavailable) as e:
+        noun_parser("spacy")
+    message = str(e.value)
+    assert "\n" not in message and "env.noun_parser=standin" in message
+    assert "en_core_web_sm" in message

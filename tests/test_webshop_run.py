@@ -19,9 +19,7 @@ SMALL = [
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    from mem1_core.models.policy import ensure_tokenizer
-    from mem1_core.rollout.env import make_env
-    from mem1_core.rollout.inputs import prepare
+    from mem1_core.domains.inputs import ensure_tokenizer, make_env, prepare
 
     cfg = load_config("webshop-smoke", None, SMALL)
     paths = prepare(cfg, tmp_path_factory.mktemp("webshop-run"))
@@ -30,8 +28,8 @@ def run(tmp_path_factory):
 
 
 def test_the_run_has_a_training_shop_a_held_out_shop_and_no_index(run) -> None:
-    from mem1_core.rollout.inputs import load_tasks
-    from mem1_core.webshop.catalog import generate_shop
+    from mem1_core.domains.inputs import load_tasks
+    from mem1_core.webshop.generate import generate_shop
 
     cfg, paths, tok, env = run
     assert env.kind == "webshop" and sorted(env.shops) == ["shop0", "shop1"]
@@ -49,9 +47,9 @@ def test_the_run_has_a_training_shop_a_held_out_shop_and_no_index(run) -> None:
 
 
 def test_teacher_data_rescoring_and_summary(run) -> None:
+    from mem1_core.domains.inputs import load_tasks
     from mem1_core.evaluation.evaluate import rescore
     from mem1_core.evaluation.summary import summarize
-    from mem1_core.rollout.inputs import load_tasks
     from mem1_core.training.sft import has_teacher, teacher_trajectories
 
     cfg, paths, tok, env = run
@@ -102,26 +100,40 @@ def test_reward_and_peak_tokens_by_difficulty(tmp_path) -> None:
 
 def test_every_env_kind_has_an_environment_and_a_bad_kind_says_which() -> None:
     from mem1_core.config.sections import ENV_KINDS
-    from mem1_core.rollout.env import ENVIRONMENTS
+    from mem1_core.domains.base import Domain
+    from mem1_core.domains.registry import DOMAINS, get_domain
 
-    assert set(ENV_KINDS) == set(ENVIRONMENTS)
+    assert set(ENV_KINDS) == set(DOMAINS)
+    for kind in ENV_KINDS:  # each registry line names a Domain of that name
+        assert isinstance(get_domain(kind), Domain) and get_domain(kind).name == kind
+    with pytest.raises(ValueError, match="env.kind='shop': no such domain"):
+        get_domain("shop")
     with pytest.raises(ValueError, match="env.kind='shop': use one of qa, webshop"):
         load_config("smoke", None, ["env.kind=shop"])
     with pytest.raises(ValueError, match="held-out shop"):
         load_config("webshop-smoke", None, ["env.eval_shop_seed=0"])
 
 
-def test_a_converted_shop_serves_both_splits_divided_as_webshop_divides_its_goals(tmp_path) -> None:
-    """`env.shop_dir`: one shop, its first quarter of goals the test set here (WebShop: its
-    first 500 of 12,087; a shop of under 1,000 goals keeps a quarter)."""
+def test_a_converted_shop_serves_every_split_in_webshops_order(tmp_path) -> None:
+    """`env.shop_dir`: one shop for every split, its goals in WebShop's shuffled order; a shop
+    of 12 goals, under WebShop's 500 + 1,000, is cut in quarters (tests/test_webshop_fidelity.py
+    pins the full sizes)."""
+    import random
+
     from mem1_core.runs.layout import RunPaths
-    from mem1_core.webshop.catalog import generate_shop
+    from mem1_core.webshop.generate import generate_shop
     from mem1_core.webshop.run import run_shops, split_goals
 
     generate_shop(5, 40, 12).save(tmp_path / "shop")
     cfg = load_config("webshop-smoke", None, [f"env.shop_dir={tmp_path / 'shop'}"])
-    assert split_goals(cfg, "test") == ("shop", range(0, 3))
-    assert split_goals(cfg, "train") == ("shop", range(3, 12))
+    order = list(range(12))
+    state = random.getstate()
+    random.seed(233)
+    random.shuffle(order)
+    random.setstate(state)
+    assert split_goals(cfg, "test") == ("shop", order[:3])
+    assert split_goals(cfg, "dev") == ("shop", order[3:6])
+    assert split_goals(cfg, "train") == ("shop", order[6:])
     assert list(run_shops(cfg, RunPaths(tmp_path / "run"))) == ["shop"]
-    with pytest.raises(ValueError, match="train or test"):
-        split_goals(cfg, "dev")
+    with pytest.raises(ValueError, match="train, dev, test"):
+        split_goals(cfg, "validation")

@@ -9,7 +9,8 @@ from collections import Counter
 
 import pytest
 
-from mem1_core.webshop.catalog import Product, generate_shop
+from mem1_core.webshop.catalog import Product
+from mem1_core.webshop.generate import generate_shop
 from mem1_core.webshop.search import SHOP_BM25, ShopSearch, product_text
 
 

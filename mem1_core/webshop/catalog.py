@@ -1,4 +1,4 @@
-"""The shop: products, goals, their files, and the embedded shop's generator.
+"""The shop: products, goals and their files.
 
 A `Product` is what an item page shows (title, price, option groups, description,
 features, reviews) plus what WebShop's reward reads (attributes, the search query it was
@@ -6,17 +6,17 @@ listed under, its category breadcrumb). A `Goal` is one shopping instruction wit
 target product, the attributes and options it asks for and a price bound: WebShop's goal
 dictionary (`web_agent_site/engine/goal.py`) with typed fields.
 
-`generate_shop(seed, n_products, n_goals)` invents a shop from a seed, as the task world
-invents an encyclopedia: products over WebShop's five categories (`vocab.py`), each with a
-type, attributes, option groups, a price and template text; goals built as WebShop's
-synthetic goals are: attributes of a target product, one value per option group, and a
-price bound drawn as goal.py draws it (two of the first four multiples of $10 above the
-price, the larger kept), the text "<instruction> with <group>: <value>, and ... , and price
-lower than X dollars". A held-out shop is another seed.
+Shops come from two places: `mem1_core.webshop.generate` invents one from a seed (the
+embedded shop), `mem1_core.webshop.convert` reads WebShop's released files. goal.py's rules
+for a goal's text live here, shared by both: the price bound (two of the first four
+multiples of $10 above the price drawn, the larger kept) and the option clause ("with
+<group>: <value>, and ...").
 
-Where it departs from WebShop: the product text is template text, not scraped pages; a
-product has one price, where WebShop's loader draws a price from a listed range; a goal asks
-for one set of option values, where WebShop makes a goal for every combination of them.
+A product's price is two things, as in WebShop's loader: the price the reward checks (one
+number, drawn from a listed range) and the price text the pages show ("$10.99 to $20.99").
+A field that WebShop's files leave null (a product's `full_description`, a human
+instruction's `instruction_options`) is kept as None, and fails only where it is used, as in
+WebShop (mem1_core.webshop.reward).
 
 Files: `products.jsonl` and `goals.jsonl` (one JSON object a line, the dataclasses' fields)
 and `manifest.json` (format, source, seed, sizes), each written atomically, the manifest
@@ -32,14 +32,10 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from mem1_core.data.world_model import Names
 from mem1_core.runs import atomic
-from mem1_core.webshop import vocab
 
 SHOP_FORMAT = "mem1-shop-1"
 """Version of the on-disk layout; a directory of another version is refused."""
-GENERATOR_VERSION = "shop-1"
-"""Bumped when `generate_shop` would make a different shop from the same seed."""
 PRODUCTS_FILE = "products.jsonl"
 GOALS_FILE = "goals.jsonl"
 MANIFEST_FILE = "manifest.json"
@@ -49,6 +45,7 @@ PRICE_RANGE = tuple(10.0 * i for i in range(1, 100))
 NO_PRICE_BOUND = 1_000_000.0
 """goal.py's bound where fewer than two candidates lie above the price (no price text)."""
 BREADCRUMB_SEPARATOR = " › "
+GOAL_SOURCES = ("synthetic", "human")
 
 
 class ShopFormatError(ValueError):
@@ -68,13 +65,15 @@ class Product:
     title: str
     """The title on the results and item pages (WebShop's `name`/`Title`)."""
     price: float
-    """The price in dollars the item page shows and the reward checks."""
+    """The price in dollars the reward checks (WebShop's `product_prices`: one number, drawn
+    within a listed range)."""
     attributes: tuple[str, ...]
     """Attribute phrases the reward matches goal attributes against (WebShop's `Attributes`)."""
     options: dict[str, tuple[str, ...]]
     """Option group -> its clickable values, e.g. {"size": ("small", "large")}."""
-    description: str
-    """The `[Description]` page's text."""
+    description: str | None
+    """The `[Description]` page's text; None where WebShop's file has none (its page then
+    shows "None", and a reward that must search it fails, as goal.py's does)."""
     features: tuple[str, ...]
     """The `[Features]` page's bullet points (WebShop's `BulletPoints`)."""
     reviews: tuple[str, ...]
@@ -85,12 +84,21 @@ class Product:
     product_category: str = ""
     """Category breadcrumb, "a › b › c" (WebShop's `product_category`); the type reward counts
     the levels two products share."""
+    price_text: str = ""
+    """The price as the results and item pages show it (WebShop's `Price`: "$12.99", or
+    "$10.99 to $20.99" for a range); empty: WebShop's text of `price` alone."""
 
     def __post_init__(self) -> None:
         if not self.asin:
             raise ShopFormatError("a product needs a non-empty asin")
         if not self.price >= 0:
             raise ShopFormatError(f"product {self.asin}: price must be >= 0, got {self.price}")
+
+    @property
+    def shown_price(self) -> str:
+        """The price text of the pages: `price_text`, or WebShop's loader's text of one
+        price, "$" and the number as Python writes a float ("$42.5", "$100.0")."""
+        return self.price_text or f"${float(self.price)}"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -112,8 +120,11 @@ class Goal:
     """The instruction text the agent reads."""
     attributes: tuple[str, ...]
     """Attributes asked for (WebShop's `attributes`, from `instruction_attributes`)."""
-    options: dict[str, str]
-    """Option group -> the value asked for (WebShop's `goal_options`)."""
+    options: dict[str, str] | None
+    """Option group -> the value asked for (WebShop's `goal_options`); a human goal's values
+    are keyed by the target's group that holds each ("option N" where none does). None where
+    WebShop's file has a null `instruction_options`: the goal can be played, and its reward
+    fails, as goal.py's does."""
     price_upper: float
     """Price bound in dollars; `NO_PRICE_BOUND` where the instruction states none."""
     product_type: str
@@ -127,12 +138,20 @@ class Goal:
     (WebShop's goal `name`); empty gives WebShop's title score for a nounless name, 0.2."""
     product_category: str = ""
     """The target's category breadcrumb (the type reward's category match)."""
+    source: str = "synthetic"
+    """How goal.py made it: `synthetic` (from the product's instruction, one goal per
+    combination of its option values; goal.py hands the reward these options as (group,
+    value) pairs) or `human` (a human instruction; its options a list of values)."""
 
     def __post_init__(self) -> None:
         if not self.asin:
             raise ShopFormatError("a goal needs the asin of its target product")
         if not self.price_upper > 0:
             raise ShopFormatError(f"goal for {self.asin}: price_upper must be > 0")
+        if self.source not in GOAL_SOURCES:
+            raise ShopFormatError(
+                f"goal for {self.asin}: source must be one of {GOAL_SOURCES}, got {self.source!r}"
+            )
 
     @classmethod
     def of(
@@ -140,8 +159,9 @@ class Goal:
         product: Product,
         instruction: str,
         attributes: list[str] | tuple[str, ...],
-        options: dict[str, str],
+        options: dict[str, str] | None,
         price_upper: float,
+        source: str = "synthetic",
     ) -> Goal:
         """A goal whose target is `product`: its type, category, query and name are the
         product's (what WebShop's type reward compares)."""
@@ -156,12 +176,18 @@ class Goal:
             query=product.query,
             name=product.title,
             product_category=product.product_category,
+            source=source,
         )
+
+    @property
+    def wanted(self) -> dict[str, str]:
+        """The options asked for ({} where WebShop's file left them null)."""
+        return self.options or {}
 
     @property
     def difficulty(self) -> int:
         """Requirements to meet besides the price: attributes plus options (the domain's N)."""
-        return len(self.attributes) + len(self.options)
+        return len(self.attributes) + len(self.wanted)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -194,6 +220,8 @@ def _convert(name: str, annotation: str, value: Any) -> Any:
     def bad(expected: str) -> ShopFormatError:
         return ShopFormatError(f"field {name!r}: expected {expected}, got {value!r:.60}")
 
+    if annotation.endswith(" | None"):
+        return None if value is None else _convert(name, annotation.removesuffix(" | None"), value)
     if annotation == "str":
         if not isinstance(value, str):
             raise bad("a string")
@@ -296,6 +324,15 @@ class Shop:
         return cls(products, goals, manifest)
 
 
+def shop_size(shop_dir: str | Path) -> dict[str, int]:
+    """{"products": n, "goals": n} of a saved shop, from its manifest alone (no file read)."""
+    manifest = Path(shop_dir) / MANIFEST_FILE
+    if not manifest.is_file():
+        raise FileNotFoundError(f"{manifest} not found: not a shop directory")
+    m = json.loads(manifest.read_text())
+    return {"products": int(m["products"]), "goals": int(m["goals"])}
+
+
 def _jsonl(rows: Iterator[dict[str, Any]]) -> str:
     return "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows)
 
@@ -331,123 +368,3 @@ def option_text(options: Mapping[str, str]) -> str:
     """goal.py's option clause: " with color: red, and size: large" ("" for none)."""
     text = ", and ".join(f"{k}: {v}" for k, v in options.items())
     return f" with {text}" if text else ""
-
-
-# ---- the embedded shop ---------------------------------------------------------------------
-
-_ASIN_CHARS = "0123456789ABCDEFGHJKLMNPQRSTUVWXYZ"
-_INSTRUCTIONS = (
-    "i am looking for {type} that {be} {attrs}",
-    "i need {attrs} {type}",
-    "find me {attrs} {type}",
-    "i would like to buy {type} that {be} {attrs}",
-)
-_DESCRIPTIONS = (
-    "The {brand} {type} is made to last. {Attrs}.",
-    "Meet the {brand} {type}: {attrs}. Designed for everyday use.",
-    "{Attrs}. This {type} from {brand} ships in a recyclable box.",
-)
-
-
-def _and_list(words: list[str]) -> str:
-    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
-
-
-def _asin(rng: random.Random, used: set[str]) -> str:
-    while True:
-        asin = "B0" + "".join(rng.choice(_ASIN_CHARS) for _ in range(8))
-        if asin not in used:
-            used.add(asin)
-            return asin
-
-
-def _brands(rng: random.Random, n: int) -> list[str]:
-    """Invented brand names; none contains an attribute phrase, which would let a title
-    satisfy an attribute that the product lacks (the reward searches titles for them)."""
-    phrases = {a for kinds in vocab.CATEGORIES.values() for k in kinds for a in k.attributes}
-    names, out = Names(rng), []
-    while len(out) < n:
-        name = names.fresh((rng.choice([2, 3]),))[0]
-        if not any(a in name.lower() for a in phrases):
-            out.append(name)
-    return out
-
-
-def _product(
-    rng: random.Random, asin: str, category: str, kind: vocab.ProductKind, brand: str
-) -> Product:
-    attrs = rng.sample(kind.attributes, rng.randint(3, min(5, len(kind.attributes))))
-    options = {}
-    for key in kind.options:
-        pool = vocab.OPTION_VALUES[key]
-        chosen = set(rng.sample(pool, rng.randint(2, min(6, len(pool)))))
-        options[vocab.group_name(key)] = tuple(v for v in pool if v in chosen)
-    audience = rng.choice(vocab.AUDIENCES[category]).title()
-    title = " ".join(x for x in (brand, attrs[0].title(), kind.name.title(), audience) if x)
-    if rng.random() < 0.5:
-        title += f", {attrs[1].title()}"
-    listed = rng.sample(attrs, len(attrs))  # the description names them in another order
-    description = rng.choice(_DESCRIPTIONS).format(
-        brand=brand, type=kind.name, attrs=_and_list(listed), Attrs=_and_list(listed).capitalize()
-    )
-    features = tuple(f"{a.upper()}: {kind.name} with {a}." for a in attrs) + tuple(
-        f"Available in {len(v)} {g} options." for g, v in options.items()
-    )
-    reviews = tuple(
-        f"Rated {rng.randint(2, 5)} out of 5: {rng.choice(vocab.PRAISE)} {kind.name}, "
-        f"{rng.choice(vocab.REVIEW_VERDICTS)}."
-        for _ in range(rng.randint(1, 3))
-    )
-    return Product(
-        asin=asin,
-        category=category,
-        product_type=kind.name,
-        title=title,
-        price=round(rng.uniform(*kind.price), 2),
-        attributes=tuple(attrs),
-        options=options,
-        description=description,
-        features=features,
-        reviews=reviews,
-        query=kind.name,
-        product_category=BREADCRUMB_SEPARATOR.join(kind.breadcrumb),
-    )
-
-
-def synthetic_goal(product: Product, rng: random.Random, n_attributes: int) -> Goal:
-    """A goal for `product` as WebShop's synthetic goals are made: `n_attributes` of its
-    attributes, one value of each option group, goal.py's price bound."""
-    attrs = rng.sample(product.attributes, min(n_attributes, len(product.attributes)))
-    options = {g: rng.choice(v) for g, v in product.options.items() if v}
-    upper, price_text = price_bound(product.price, rng)
-    plural = product.product_type.endswith("s")
-    text = rng.choice(_INSTRUCTIONS).format(
-        type=product.product_type, be="are" if plural else "is", attrs=_and_list(attrs)
-    )
-    return Goal.of(product, f"{text}{option_text(options)}{price_text}", attrs, options, upper)
-
-
-def generate_shop(seed: int, n_products: int, n_goals: int) -> Shop:
-    """The embedded shop for `seed`: `n_products` products spread evenly over the product
-    types of `vocab.CATEGORIES`, and `n_goals` goals on distinct targets while there are
-    products left (then targets repeat). Deterministic in its arguments."""
-    if n_products < 1 or n_goals < 0:
-        raise ValueError(f"need n_products >= 1 and n_goals >= 0, got {n_products}, {n_goals}")
-    rng = random.Random(seed)
-    kinds = [(c, k) for c, ks in vocab.CATEGORIES.items() for k in ks]
-    brands = _brands(rng, max(12, n_products // 20))
-    used: set[str] = set()
-    products = [
-        _product(rng, _asin(rng, used), *kinds[i % len(kinds)], rng.choice(brands))
-        for i in range(n_products)
-    ]
-    rng.shuffle(products)  # results pages should not cycle through the types in order
-    goal_rng = random.Random(seed + 1)
-    targets: list[int] = []
-    while len(targets) < n_goals:
-        order = list(range(n_products))
-        goal_rng.shuffle(order)
-        targets += order[: n_goals - len(targets)]
-    goals = [synthetic_goal(products[i], goal_rng, goal_rng.choice((1, 2, 2, 3))) for i in targets]
-    manifest = {"source": "generated", "generator": GENERATOR_VERSION, "seed": seed}
-    return Shop(tuple(products), tuple(goals), {**manifest, "goal_kind": "synthetic"})

@@ -16,10 +16,18 @@ Reads the files as WebShop's loader does (`web_agent_site/engine/engine.py:load_
 
 Goals: human goals (one per human instruction with attributes) when the human file is
 given, else synthetic goals (one per combination of the product's option values, the
-instruction followed by " with group: value, and ..."), as goal.py builds them; both get
-goal.py's price bound. A product's price is the loader's: $100 without pricing, the price,
-or a uniform draw within a range. A product's type is its `query` (lowercased and stripped,
-as the loader does), the search that found it in WebShop's scrape.
+instruction followed by " with group: value, and ..."), as goal.py builds them, in goal.py's
+order (products in file order; the split's seed-233 shuffle is mem1_core.webshop.run's); both
+get goal.py's price bound. Human goals need the attributes file too: WebShop reads every
+product's attributes, which the reward matches, from it. A product's price is the loader's:
+$100 without pricing, the price, or a uniform draw within a range; its price text is the
+loader's `Price` ("$12.99", "$10.99 to $20.99", "$100.0"). A product's type is its `query`
+(lowercased and stripped, as the loader does), the search that found it in WebShop's scrape.
+
+Null fields that WebShop's loader keeps are kept (None) and fail only where they are used, as
+WebShop's do: a product's `full_description` (its description page reads "None"; the reward
+fails if it must search it), a human instruction's `instruction_options` (the goal fails when
+scored).
 
 Where it departs from WebShop: draws (prices, bounds) come from `seed`, where WebShop's
 are unseeded; a product without attributes gets none, where WebShop gives it the
@@ -27,7 +35,7 @@ placeholder "DUMMY_ATTR" (which no goal attribute matches either); a human goal'
 a list of values, become group -> value by the product's group holding each value ("option
 N" where none does); reviews are left empty, as in WebShop's text environment.
 
-A malformed file fails with one line naming the file, the item and the field.
+Anything else malformed fails with one line naming the file, the item and the field.
 """
 
 from __future__ import annotations
@@ -170,6 +178,10 @@ def _product(f: _Fields, attributes: list[str], rng: random.Random) -> Product:
         raise f.error("pricing", str(e)) from None
     # generate_product_prices: one price, or a uniform draw within the range
     price = pricing[0] if len(pricing) == 1 else rng.uniform(pricing[0], pricing[1])
+    shown = f"${pricing[0]}" if len(pricing) == 1 else f"${pricing[0]} to ${pricing[1]}"
+    description = f.get("full_description")
+    if description is not None and not isinstance(description, str):
+        raise f.error("full_description", f"expected a string or null, got {description!r:.60}")
     query = f.text("query").lower().strip()
     return Product(
         asin=f.text("asin"),
@@ -179,11 +191,12 @@ def _product(f: _Fields, attributes: list[str], rng: random.Random) -> Product:
         price=round(price, 2),
         attributes=tuple(attributes),
         options=_options(f),
-        description=f.text("full_description"),
+        description=description,
         features=tuple(bullets),
         reviews=(),
         query=query,
         product_category=f.text("product_category"),
+        price_text=shown,
     )
 
 
@@ -221,6 +234,11 @@ def convert_webshop(
     if not needs[goals]:
         flag = "--human-instructions" if goals == "human" else "--instructions"
         raise ValueError(f"{goals} goals need {flag} FILE")
+    if human_instructions and not instructions:
+        raise ValueError(
+            "--human-instructions needs --instructions (items_ins_v2.json) too: WebShop reads "
+            "every product's attributes, which the reward matches, from it"
+        )
     items = Path(items)
     raw_items = _load_json(items, list, "products")
     if max_products is not None:
@@ -268,10 +286,11 @@ def convert_webshop(
                 if not attributes:  # goal.py skips these
                     report.skip("human instruction without attributes")
                     continue
-                options = _grouped(p, e.str_list("instruction_options"))
+                values = e.str_list("instruction_options", allow_none=True)
+                options = None if values is None else _grouped(p, values)
                 upper, price_text = price_bound(p.price, rng)
                 text = e.text("instruction").strip(".") + price_text
-                goal_list.append(Goal.of(p, text, attributes, options, upper))
+                goal_list.append(Goal.of(p, text, attributes, options, upper, source="human"))
         elif goals == "synthetic" and p.asin in ins:
             e = _Fields(Path(instructions), f"asin {p.asin}", ins[p.asin])
             instruction = e.obj.get("instruction")

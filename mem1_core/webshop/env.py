@@ -3,9 +3,10 @@ evaluation as QA (mem1_core.rollout.environment).
 
 A task is one goal of a shop (mem1_core.webshop.catalog): its prompt is the instruction and the
 search page; each turn the agent writes MEM1's format, `<IS> … </IS>` then one action, and the
-environment answers with the next page (mem1_core.webshop.pages) as the `<info>` block. The
-episode ends at `[Buy Now]`, with WebShop's reward for what was bought (goal.py's formula,
-mem1_core.webshop.reward), or when the turn budget is spent, with 0.
+environment answers with the next page (mem1_core.webshop.pages, written as
+mem1_core.webshop.views writes it) as the `<info>` block. The episode ends at `[Buy Now]`,
+with WebShop's reward for what was bought (goal.py's formula, mem1_core.webshop.reward), or
+when the turn budget is spent, with 0.
 
 The tag. The action is written in `<query> … </query>`: `<query>search[red running
 shoes]</query>`, `<query>click[B0ABCDEF12]</query>`, `<query>click[Buy Now]</query>`. Why
@@ -16,10 +17,14 @@ reads the other's format; a ninth tag would be a new special token, i.e. a new t
 new base model. WebShop has no answer: a turn that writes `<answer>` is invalid.
 
 Invalid turns. A turn that breaks MEM1's format, writes `<answer>`, writes a query that is not
-`search[…]` or `click[…]`, or names an action the page does not offer (a search away from the
-search page, a click on a value the page does not show) is invalid: it counts as a format error,
-the page stays as it was, and the `<info>` says why and shows the page again (MEM1 pruned the
-last one from the context).
+`search[…]` or `click[…]`, or clicks a value the page does not show is invalid, and the page
+stays as it was. What else it costs is `format_error`:
+- `retry` (the default): it counts as a format error, and the `<info>` says why and shows the
+  page again (MEM1 pruned the last one from the context);
+- `end` (MEM1's WebShop setting): a broken tag format (MEM1's rule, or an `<answer>` where the
+  action belongs) ends the episode with reward -1, as MEM1's rollout does; an action the page
+  does not offer changes nothing, as in WebShop's text environment, and the same page is the
+  observation.
 
 State. Where a trajectory stands (its page, the selected options) is a function of its valid
 actions: `page(traj)` replays them from the search page, searches cached, so nothing but the
@@ -40,23 +45,21 @@ from mem1_core.rollout.environment import Environment
 from mem1_core.rollout.loop import Task
 from mem1_core.trajectory.record import Action, Trajectory
 from mem1_core.webshop.catalog import Goal, Product, Shop
-from mem1_core.webshop.pages import (
-    BUY_NOW,
-    SEARCH,
-    Page,
-    apply,
-    parse_action,
-    render,
-)
-from mem1_core.webshop.reward import webshop_reward
+from mem1_core.webshop.pages import BUY_NOW, SEARCH, Page, apply, parse_action
+from mem1_core.webshop.reward import OPTION_MATCHES, noun_parser, webshop_reward
 from mem1_core.webshop.search import ShopSearch
+from mem1_core.webshop.views import OBSERVATIONS, first_observation, observe
 
 WEBSHOP_INSTRUCTIONS = (
     f"You are shopping in WebShop. Each turn write {IS_OPEN} {IS_CLOSE}, your only memory: keep "
-    f"what you still need. Then one action in {QUERY_OPEN} {QUERY_CLOSE}: search[keywords] on "
-    f"the search page, or click[value] on a [value] the page shows. Pages come in {INFO_OPEN} "
-    f"{INFO_CLOSE}. Choose the options the instruction asks for, then click[{BUY_NOW}]."
+    f"what you still need. Then one action in {QUERY_OPEN} {QUERY_CLOSE}: search[keywords], or "
+    f"click[value] on a [value] the page shows. Pages come in {INFO_OPEN} {INFO_CLOSE}. Choose "
+    f"the options the instruction asks for, then click[{BUY_NOW}]."
 )
+FORMAT_ERRORS = ("retry", "end")
+"""What a broken turn costs (module docstring)."""
+FORMAT_ERROR_REWARD = -1.0
+"""MEM1's reward for a turn that breaks the tag format, under `format_error="end"`."""
 
 FORMAT_HINT = (
     f"[FORMAT] Invalid turn. Write {IS_OPEN} state {IS_CLOSE} then {QUERY_OPEN} search[keywords] "
@@ -67,23 +70,34 @@ NO_ANSWER = f"WebShop has no <answer>: buy with {QUERY_OPEN}click[{BUY_NOW}]{QUE
 NOT_AN_ACTION = "the action must be search[keywords] or click[value]"
 
 
-def webshop_prompt(instruction: str) -> str:
-    """The task prompt: how to act, the instruction, and the first page (the search page)."""
+def webshop_prompt(instruction: str, observation: str = "lines") -> str:
+    """The task prompt: how to act, then the first observation: the instruction and the search
+    page (`lines`), or MEM1's first state (`webshop`)."""
     if not instruction.strip():
         raise ValueError("a WebShop task needs a non-empty instruction")
-    return (
-        f"{WEBSHOP_INSTRUCTIONS}\nInstruction: {instruction.strip()}\n{render(Page(), None, 1)}\n"
-    )
+    if observation == "lines":
+        first = f"Instruction: {instruction.strip()}\n{first_observation(observation, '')}"
+    else:
+        first = first_observation(observation, instruction.strip())
+    return f"{WEBSHOP_INSTRUCTIONS}\n{first}\n"
 
 
-def shop_tasks(shop: Shop, name: str, limit: int | None = None) -> list[Task]:
+def shop_tasks(
+    shop: Shop, name: str, limit: int | None = None, observation: str = "lines"
+) -> list[Task]:
     """The shop's goals as rollout tasks, in the shop's order: id `name/i`, the instruction as
     the one question, the target's asin as its gold (what a trajectory records as its gold)."""
     if "/" in name:
         raise ValueError(f"a shop name may not contain '/': {name!r}")
     goals = shop.goals[:limit] if limit is not None else shop.goals
     return [
-        Task(f"{name}/{i}", webshop_prompt(g.instruction), [g.instruction], [[g.asin]], [])
+        Task(
+            f"{name}/{i}",
+            webshop_prompt(g.instruction, observation),
+            [g.instruction],
+            [[g.asin]],
+            [],
+        )  # fmt: skip
         for i, g in enumerate(goals)
     ]
 
@@ -102,17 +116,31 @@ class WebShopEnvironment(Environment):
         max_results: int = 50,
         codec: TagCodec | None = None,
         chat_template: bool = False,
-        nouns: str = "auto",
+        nouns: str = "standin",
+        option_match: str = "webshop",
+        observation: str = "lines",
+        format_error: str = "retry",
     ):
         super().__init__(tokenizer, codec, chat_template=chat_template)
         if not shops:
             raise ValueError("the WebShop environment needs at least one shop")
         if not 1 <= results_per_page <= max_results:
             raise ValueError("need 1 <= results_per_page <= max_results")
+        for name, value, allowed in (
+            ("option_match", option_match, OPTION_MATCHES),
+            ("observation", observation, OBSERVATIONS),
+            ("format_error", format_error, FORMAT_ERRORS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"env.{name}={value!r}: use one of {', '.join(allowed)}")
+        noun_parser(nouns)  # a parser that cannot load stops the run here, in one line
         self.shops = dict(shops)
         self.per_page = results_per_page
         self.max_results = max_results
         self.nouns = nouns
+        self.option_match = option_match
+        self.observation = observation
+        self.format_error = format_error
         self._search: dict[str, ShopSearch] = {}
         self._results: dict[tuple[str, str], list[str]] = {}
 
@@ -155,8 +183,10 @@ class WebShopEnvironment(Environment):
         return page
 
     def render(self, traj: Trajectory, page: Page) -> str:
+        """The page as the agent reads it, in the environment's observation format."""
         product_of, _ = self._rules(traj.task_id)
-        return render(page, product_of, self.per_page)
+        instruction = self.goal(traj.task_id).instruction
+        return observe(self.observation, page, product_of, self.per_page, instruction)
 
     # ---- the step -------------------------------------------------------------------------
 
@@ -171,7 +201,16 @@ class WebShopEnvironment(Environment):
         error, action = parsed.error, None
         if parsed.action is Action.ANSWER:
             error = NO_ANSWER
-        elif parsed.action is Action.QUERY:
+        if error is not None and self.format_error == "end":  # MEM1: the episode ends, -1
+            turn.action, turn.format_error = Action.INVALID, error
+            tr.score, tr.em, tr.f1, tr.done = (
+                FORMAT_ERROR_REWARD,
+                [0.0],
+                [FORMAT_ERROR_REWARD],
+                True,
+            )
+            return
+        if parsed.action is Action.QUERY:
             action = parse_action(parsed.text or "")
             if action is None:
                 error = NOT_AN_ACTION
@@ -193,7 +232,7 @@ class WebShopEnvironment(Environment):
             self._buy(tr, outcome.bought, page)
         elif self.at_budget(tr):  # the budget is spent before a purchase: reward 0
             tr.score, tr.em, tr.f1, tr.done = 0.0, [0.0], [0.0], True
-        elif outcome is None:
+        elif outcome is None and self.format_error == "retry":
             self.set_info(tr, f"{FORMAT_HINT} ({error})\n{self.render(tr, page)}")
         else:
             self.set_info(tr, self.render(tr, page))
@@ -202,7 +241,12 @@ class WebShopEnvironment(Environment):
         """The episode's end: WebShop's reward for the product, its selected options and its
         price. EM records success (reward 1) and F1 the reward, the evaluation's two columns."""
         r = webshop_reward(
-            self.goal(tr.task_id), product, page.options, product.price, nouns=self.nouns
+            self.goal(tr.task_id),
+            product,
+            page.options,
+            product.price,
+            nouns=self.nouns,
+            option_match=self.option_match,
         )
         chosen = ", ".join(f"{g}: {v}" for g, v in page.selected)
         tr.answer = f"{product.asin} ({chosen})" if chosen else product.asin

@@ -1,43 +1,40 @@
-"""WebShop's pages as its text mode shows them, and what an action does to them.
+"""Where a WebShop episode stands, and what an action does to it, as WebShop's text
+environment has it (`web_agent_site/envs/web_agent_text_env.py` with the engine's
+`parse_action` and the site's page templates).
 
 A `Page` is where an episode stands: the search page, a page of search results, an item page,
-or one of an item's detail pages (`[Description]`, `[Features]`, `[Reviews]`). `render` writes a
-page as text, in the bracketed form WebShop's text mode gives an agent (the form of the ReAct
-and AgentBench WebShop prompts): every clickable is `[value]`, the rest is plain text, one
-thing a line.
+or one of an item's detail pages (`[Description]`, `[Features]`, `[Reviews]`). How a page is
+written for the agent is mem1_core.webshop.views.
 
-    search page      [Search]
-    results page     [Back to Search] / Page 1 (Total results: 50) / [Next >] /
-                     then per product: [ASIN] / title / $price
-    item page        [Back to Search] / [< Prev] / each option group and its [values] /
-                     title / Price: $x / Rating: N.A. / [Description] / [Features] /
-                     [Reviews] / [Buy Now]
-    detail page      [Back to Search] / [< Prev] / the description, features or reviews
-
-`clickables` lists what a click may name on a page; `apply` moves from page to page. Rules,
-as WebShop's browser (`web_agent_site/envs/web_agent_text_env.py`) has them:
-- `search[keywords]` only where the page has the search bar (the search page), with non-empty
-  keywords; the results are the search's top `max_results`, `results_per_page` a page.
-- `click[value]` only on a value the page shows, compared as WebShop compares them (lowercased,
-  stripped): an asin, an option value, a button.
-- Clicking an option value selects it in its group (a second value of the group replaces the
-  first); opening an item, or going back to search, clears the selection.
-- `[< Prev]` goes back one page: a detail page to its item, an item to its results page, a
-  results page to the one before it (shown from page 2 on).
-- `[Buy Now]` ends the episode with the item and the selected options.
-An action the page does not offer returns None: the caller counts it as invalid and the page
-stays as it was.
-
-Where it departs from WebShop's text mode: the instruction is not repeated at the top of every
-page (it is in the task prompt, which every memory keeps, so repeating it would only lengthen
-each observation); a selected option is shown as `(selected: value)` after its group, where
-WebShop marks the clicked button; ratings are `N.A.` as in WebShop's scraped items without one.
+The rules, as WebShop's text environment applies them:
+- An action is read with WebShop's pattern `(.+)\\[(.+)\\]` from the start of the text (the
+  last `[` before a closing `]` splits it), after the text between the tags is stripped (as
+  MEM1 strips its action). The verb must then be exactly `search` or `click`: `Click[...]`
+  and `search [...]` are not actions, and a value holding a `[` cannot be clicked.
+- `search[keywords]` runs from any page (WebShop's text environment executes it wherever it
+  is written; only the search page shows a search bar). The keywords are lowercased; the
+  results are the search's top `max_results`, `results_per_page` a page.
+- `click[value]` names something the page shows, compared as WebShop compares it: the value
+  lowercased (not stripped) against the buttons' and the result links' lowercased text and
+  the option values as the page holds them; `click[search]` is never an action. The page's
+  clickables are a dict keyed that way, so an option value that two groups share belongs to
+  the later group on the page (WebShop's radio buttons overwrite each other's key).
+- What a click does is decided by the name first, in WebShop's order: `Buy Now` ends the
+  episode with the item and the selected options; `Back to Search` returns to the search
+  page; `Next >` on a results page shows the next page (shown on every results page, so it
+  leads past the last into empty ones); `< Prev` goes back one page (a results page to the one
+  before it, shown from page 2 on; an item to its results page; a detail page to its item);
+  `Description`, `Features`, `Reviews` open that page; anything else opens the result or
+  selects the option (a second value of a group replaces the first).
+- Any page that lists results starts a new selection: opening an item from it has none.
+An action the page does not offer returns None: the caller decides what that costs (a format
+error and the page shown again, or, MEM1's setting, nothing at all).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -48,10 +45,9 @@ NEXT_PAGE = "Next >"
 PREV_PAGE = "< Prev"
 BUY_NOW = "Buy Now"
 DETAILS = ("Description", "Features", "Reviews")
-SEARCH_BAR = "[Search]"
 
 SEARCH, CLICK = "search", "click"
-_ACTION = re.compile(r"^\s*(search|click)\s*\[(.*)\]\s*$", re.DOTALL | re.IGNORECASE)
+_ACTION = re.compile(r"(.+)\[(.+)\]")  # engine.py's parse_action, read with re.match
 
 
 class PageKind(StrEnum):
@@ -67,7 +63,7 @@ class Page:
 
     kind: PageKind = PageKind.SEARCH
     keywords: str = ""
-    """The last search's keywords."""
+    """The last search's keywords (lowercased, as WebShop searches them)."""
     results: tuple[str, ...] = ()
     """The last search's asins, best first (all its pages)."""
     page_no: int = 1
@@ -92,45 +88,60 @@ class Outcome:
     bought: Product | None = None
 
 
+@dataclass(frozen=True)
+class Clickable:
+    """One thing a click may name: its text as the page shows it, and for an option its group."""
+
+    text: str
+    group: str | None = None
+    """The option group (an option value); None for a button or a result link."""
+
+
 def parse_action(text: str) -> tuple[str, str] | None:
     """`search[red shoes]` -> ("search", "red shoes"); `click[Buy Now]` -> ("click", "Buy
-    Now"); anything else -> None. The verb is case-insensitive; the argument is stripped."""
-    m = _ACTION.match(text)
-    if m is None:
+    Now"); anything else -> None (module docstring: WebShop's pattern, an exact verb)."""
+    m = _ACTION.match(text.strip())
+    if m is None or m.group(1) not in (SEARCH, CLICK):
         return None
-    return m.group(1).lower(), m.group(2).strip()
+    return m.group(1), m.group(2)
 
 
 def page_results(page: Page, per_page: int) -> tuple[str, ...]:
-    """The asins on the results page shown."""
+    """The asins on the results page shown (none past the last page)."""
     start = (page.page_no - 1) * per_page
     return page.results[start : start + per_page]
 
 
 def n_pages(page: Page, per_page: int) -> int:
+    """Pages the search's results fill (WebShop's `Next >` leads past them)."""
     return max(1, -(-len(page.results) // per_page))
 
 
-def clickables(page: Page, product: Product | None, per_page: int) -> list[str]:
-    """The values a click may name on `page`, as the page shows them (product: the open item)."""
+def buttons(page: Page) -> list[str]:
+    """The page's buttons, in page order."""
     if page.kind is PageKind.SEARCH:
         return []
     if page.kind is PageKind.RESULTS:
-        out = [BACK_TO_SEARCH]
-        if page.page_no > 1:
-            out.append(PREV_PAGE)
-        if page.page_no < n_pages(page, per_page):
-            out.append(NEXT_PAGE)
-        return out + list(page_results(page, per_page))
+        prev = [PREV_PAGE] if page.page_no > 1 else []
+        return [BACK_TO_SEARCH, *prev, NEXT_PAGE]
     if page.kind is PageKind.DETAIL:
         return [BACK_TO_SEARCH, PREV_PAGE]
-    assert product is not None
-    values = [v for vs in product.options.values() for v in vs]
-    return [BACK_TO_SEARCH, PREV_PAGE, *values, *DETAILS, BUY_NOW]
+    return [BACK_TO_SEARCH, PREV_PAGE, *DETAILS, BUY_NOW]
 
 
-def _key(value: str) -> str:
-    return value.strip().lower()
+def clickables(page: Page, product: Product | None, per_page: int) -> dict[str, Clickable]:
+    """What a click may name on `page`, keyed as WebShop keys it (`text_to_clickable`): the
+    buttons' and result links' text lowercased, then the option values as they are, a later
+    group's value taking over the key of an earlier one's (product: the open item)."""
+    out = {b.lower(): Clickable(b) for b in buttons(page)}
+    if page.kind is PageKind.RESULTS:
+        out |= {a.lower(): Clickable(a) for a in page_results(page, per_page)}
+    if page.kind is PageKind.ITEM:
+        assert product is not None
+        for group, values in product.options.items():
+            for v in values:
+                out[v] = Clickable(v, group)
+    return out
 
 
 def apply(
@@ -144,81 +155,35 @@ def apply(
     """The page after `verb[arg]`, or None where `page` does not offer that action.
     product_of: asin -> Product; search: keywords -> ranked asins."""
     if verb == SEARCH:
-        if page.kind is not PageKind.SEARCH or not arg:
-            return None
-        return Outcome(Page(PageKind.RESULTS, keywords=arg, results=tuple(search(arg))))
+        keywords = arg.lower()
+        return Outcome(Page(PageKind.RESULTS, keywords=keywords, results=tuple(search(keywords))))
     if verb != CLICK:
         return None
     product = product_of(page.asin) if page.asin is not None else None
-    shown = {_key(v): v for v in clickables(page, product, per_page)}
-    value = shown.get(_key(arg))
-    if value is None:
+    name = arg.lower()
+    target = clickables(page, product, per_page).get(name)
+    if target is None or name == SEARCH:
         return None
-    if value == BACK_TO_SEARCH:
-        return Outcome(Page())
-    if page.kind is PageKind.RESULTS:
-        if value == NEXT_PAGE:
-            return Outcome(replace(page, page_no=page.page_no + 1))
-        if value == PREV_PAGE:
-            return Outcome(replace(page, page_no=page.page_no - 1))
-        return Outcome(replace(page, kind=PageKind.ITEM, asin=value, selected=()))
-    if page.kind is PageKind.DETAIL:  # only [< Prev] is left
-        return Outcome(replace(page, kind=PageKind.ITEM, detail=None))
-    assert product is not None
-    if value == PREV_PAGE:
-        return Outcome(replace(page, kind=PageKind.RESULTS, asin=None, selected=()))
-    if value == BUY_NOW:
+    # the name decides first, in the order of WebShop's SimServer.receive
+    if name == BUY_NOW.lower():
+        assert product is not None
         return Outcome(page, bought=product)
-    if value in DETAILS:
-        return Outcome(replace(page, kind=PageKind.DETAIL, detail=value))
-    group = next(g for g, vs in product.options.items() if value in vs)
-    selected = tuple((g, v) for g, v in page.selected if g != group) + ((group, value),)
-    return Outcome(replace(page, selected=selected))
-
-
-def price_text(price: float) -> str:
-    return f"${price:.2f}"
-
-
-def render(page: Page, product_of: Callable[[str], Product], per_page: int) -> str:
-    """The page as WebShop's text mode shows it (module docstring)."""
-    if page.kind is PageKind.SEARCH:
-        return SEARCH_BAR
+    if name == BACK_TO_SEARCH.lower():
+        return Outcome(Page())
+    if name == NEXT_PAGE.lower() and page.kind is PageKind.RESULTS:
+        return Outcome(replace(page, page_no=page.page_no + 1))
+    if name == PREV_PAGE.lower():
+        if page.kind is PageKind.RESULTS:
+            return Outcome(replace(page, page_no=page.page_no - 1))
+        if page.kind is PageKind.DETAIL:
+            return Outcome(replace(page, kind=PageKind.ITEM, detail=None))
+        return Outcome(replace(page, kind=PageKind.RESULTS, asin=None, selected=()))
+    detail = next((d for d in DETAILS if d.lower() == name), None)
+    if detail is not None:
+        return Outcome(replace(page, kind=PageKind.DETAIL, detail=detail))
     if page.kind is PageKind.RESULTS:
-        lines = [f"[{BACK_TO_SEARCH}]", f"Page {page.page_no} (Total results: {len(page.results)})"]
-        if page.page_no > 1:
-            lines.append(f"[{PREV_PAGE}]")
-        if page.page_no < n_pages(page, per_page):
-            lines.append(f"[{NEXT_PAGE}]")
-        for asin in page_results(page, per_page):
-            p = product_of(asin)
-            lines += [f"[{asin}]", p.title, price_text(p.price)]
-        return "\n".join(lines)
-    assert page.asin is not None
-    product = product_of(page.asin)
-    lines = [f"[{BACK_TO_SEARCH}]", f"[{PREV_PAGE}]"]
-    if page.kind is PageKind.DETAIL:
-        return "\n".join(lines + [_detail_text(product, page.detail or DETAILS[0])])
-    lines += option_lines(product.options, page.options)
-    lines += [product.title, f"Price: {price_text(product.price)}", "Rating: N.A."]
-    lines += [f"[{d}]" for d in DETAILS] + [f"[{BUY_NOW}]"]
-    return "\n".join(lines)
-
-
-def option_lines(options: Mapping[str, tuple[str, ...]], selected: Mapping[str, str]) -> list[str]:
-    """One line per option group: `size [small][large]`, and `(selected: small)` once chosen."""
-    lines = []
-    for group, values in options.items():
-        line = f"{group} " + "".join(f"[{v}]" for v in values)
-        if group in selected:
-            line += f" (selected: {selected[group]})"
-        lines.append(line)
-    return lines
-
-
-def _detail_text(product: Product, detail: str) -> str:
-    if detail == "Description":
-        return product.description
-    if detail == "Features":
-        return "\n".join(product.features)
-    return "\n".join(product.reviews) if product.reviews else "No reviews."
+        return Outcome(replace(page, kind=PageKind.ITEM, asin=target.text, selected=()))
+    group = target.group
+    assert group is not None
+    selected = tuple((g, v) for g, v in page.selected if g != group) + ((group, target.text),)
+    return Outcome(replace(page, selected=selected))

@@ -1,10 +1,15 @@
 """A WebShop run's shops, tasks and tokenizer text, made into the run directory where missing
 (as mem1_core.data.run_tasks makes a QA run's world and tasks).
 
-- `shops/shop{seed}/`: the embedded shops (mem1_core.webshop.catalog), the training shop
+- `shops/shop{seed}/`: the embedded shops (mem1_core.webshop.generate), the training shop
   (`env.shop_seed`) and the held-out shop (`env.eval_shop_seed`); or the converted shop
-  `env.shop_dir` for both splits, its goals divided as WebShop divides its goals (the first
-  500 for testing, the rest for training; a smaller shop: a quarter for testing).
+  `env.shop_dir` for every split, its goals divided as WebShop's text environment divides
+  them: shuffled with Python's `random.seed(233)` and `random.shuffle`, then goals 0-499 are
+  the test set and 500-1,499 the dev set (`env.goal_split: webshop`; WebShop's baselines
+  train on the rest), or MEM1's division, the first 500 for testing and all the rest for
+  training (`env.goal_split: mem1`). A shop with too few goals for those sizes (not
+  WebShop's) is cut in the same order by quarters: a quarter test, a quarter dev (`webshop`),
+  the rest train.
 - `tasks/{split}_n1.parquet`: the split's goals as rollout tasks (the task file columns, plus
   `difficulty`: the goal's attributes plus options, the domain's stand-in for N). Every WebShop
   task counts as one objective, so the pipeline's N is 1.
@@ -13,6 +18,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,19 +26,27 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mem1_core.runs import atomic
-from mem1_core.webshop.catalog import Shop, generate_shop
+from mem1_core.webshop.catalog import Shop, shop_size
 from mem1_core.webshop.env import FORMAT_HINT, WebShopEnvironment, shop_tasks, webshop_prompt
-from mem1_core.webshop.pages import Page, PageKind, render
+from mem1_core.webshop.generate import generate_shop
+from mem1_core.webshop.pages import Page, PageKind
+from mem1_core.webshop.views import OBSERVATIONS, observe, render
 
 if TYPE_CHECKING:
     from mem1_core.config import Config
     from mem1_core.runs.layout import RunPaths
 
-TASKS_VERSION = "webshop-tasks-2"
+TASKS_VERSION = "webshop-tasks-3"
 """Written into a task file's metadata; a file of another version is written again."""
 
+WEBSHOP_SPLIT_SEED = 233
+"""The seed WebShop's text environment shuffles its goals with (`random.seed(233)`)."""
 WEBSHOP_TEST_GOALS = 500
-"""WebShop's split of its goals: the first 500 are the test set."""
+"""WebShop's test set: the first 500 goals after the shuffle."""
+WEBSHOP_DEV_GOALS = 1000
+"""WebShop's dev set: the next 1,000 (goals 500-1,499)."""
+SPLITS = ("train", "dev", "test")
+GOAL_SPLITS = ("webshop", "mem1")
 
 TASK_SCHEMA = pa.schema(
     [
@@ -62,12 +76,12 @@ def tokenizer_texts(shop: Shop, n_pages: int = 200) -> list[str]:
     format hint must be in its vocabulary, or they read as unknown tokens)."""
     from mem1_core.webshop.search import product_text
 
-    pages = [
-        render(Page(PageKind.ITEM, asin=p.asin), shop.product, 10) for p in shop.products[:n_pages]
-    ]
     listed = tuple(p.asin for p in shop.products[:n_pages])
-    pages += [render(Page(PageKind.RESULTS, results=listed), shop.product, 10), FORMAT_HINT]
-    prompts = [webshop_prompt(g.instruction) for g in shop.goals]
+    shown = [Page(PageKind.ITEM, asin=a) for a in listed] + [Page(PageKind.RESULTS, results=listed)]
+    instruction = shop.goals[0].instruction if shop.goals else ""
+    pages = [render(page, shop.product, 10) for page in shown] + [FORMAT_HINT]
+    pages += [observe("webshop", page, shop.product, 10, instruction) for page in shown[-3:]]
+    prompts = [webshop_prompt(g.instruction, o) for g in shop.goals for o in OBSERVATIONS]
     return [product_text(p) for p in shop.products] + prompts + pages
 
 
@@ -94,17 +108,54 @@ def run_shops(cfg: Config, paths: RunPaths) -> dict[str, Shop]:
     }
 
 
-def split_goals(cfg: Config, split: str) -> tuple[str, range | None]:
-    """(shop name, goal indices) of a split: the whole embedded shop of the split's seed, or
-    WebShop's division of a converted shop's goals."""
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be train or test, got {split!r}")
+def webshop_goal_order(n_goals: int) -> list[int]:
+    """The goals' indices in the order WebShop's text environment holds them: its goal list
+    shuffled with Python's `random` seeded 233."""
+    order = list(range(n_goals))
+    random.Random(WEBSHOP_SPLIT_SEED).shuffle(order)  # the same draws as random.seed + shuffle
+    return order
+
+
+def split_bounds(n_goals: int, goal_split: str = "webshop") -> dict[str, tuple[int, int]]:
+    """split -> [start, end) in the shuffled order (module docstring); a split the division
+    lacks (MEM1's has no dev set) is absent."""
+    if goal_split not in GOAL_SPLITS:
+        raise ValueError(f"env.goal_split={goal_split!r}: use one of {', '.join(GOAL_SPLITS)}")
+    full = WEBSHOP_TEST_GOALS + (WEBSHOP_DEV_GOALS if goal_split == "webshop" else 0)
+    if n_goals > full:
+        test, dev = WEBSHOP_TEST_GOALS, full
+    else:  # a small shop: quarters in the same order
+        test = max(1, n_goals // 4)
+        dev = 2 * test if goal_split == "webshop" else test
+    bounds = {"test": (0, test), "dev": (test, dev), "train": (dev, n_goals)}
+    if goal_split == "mem1":
+        del bounds["dev"]
+    return bounds
+
+
+def split_goals(cfg: Config, split: str) -> tuple[str, list[int] | None]:
+    """(shop name, goal indices in task order) of a split: the whole embedded shop of the
+    split's seed (None: all its goals, in order), or a converted shop's goals divided as
+    `env.goal_split` says (module docstring)."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     if cfg.env.shop_dir is None:
+        if split == "dev":
+            raise ValueError(
+                "the embedded shops have no dev split (a training shop and a held-out shop): "
+                "a dev split needs a converted shop, env.shop_dir"
+            )
         seed = cfg.env.shop_seed if split == "train" else cfg.env.eval_shop_seed
         return shop_name(seed), None
-    n = len(Shop.load(cfg.env.shop_dir).goals)
-    cut = WEBSHOP_TEST_GOALS if n > 2 * WEBSHOP_TEST_GOALS else max(1, n // 4)
-    return "shop", range(cut) if split == "test" else range(cut, n)
+    n = shop_size(cfg.env.shop_dir)["goals"]
+    bounds = split_bounds(n, cfg.env.goal_split)
+    if split not in bounds:
+        raise ValueError(
+            f"env.goal_split={cfg.env.goal_split} has no {split} split (MEM1 tests on the "
+            "first 500 goals and trains on the rest): use env.goal_split=webshop"
+        )
+    start, end = bounds[split]
+    return "shop", webshop_goal_order(n)[start:end]
 
 
 def ensure_shop_tasks(cfg: Config, paths: RunPaths, split: str, n: int) -> Path:
@@ -116,16 +167,20 @@ def ensure_shop_tasks(cfg: Config, paths: RunPaths, split: str, n: int) -> Path:
         )
     out = paths.task_file(split, n)
     cap = cfg.data.max_train_tasks if split == "train" else cfg.data.eval_tasks(n)
-    if out.exists() and (pq.read_schema(out).metadata or {}).get(b"generator") == (
-        TASKS_VERSION.encode()
-    ):
+    made_with = {
+        "generator": TASKS_VERSION,
+        "cap": str(cap),
+        "observation": cfg.env.observation,
+        "goal_split": cfg.env.goal_split,
+    }
+    if out.exists():
         meta = pq.read_schema(out).metadata or {}
-        if meta.get(b"cap") == str(cap).encode():
+        if all(meta.get(k.encode()) == v.encode() for k, v in made_with.items()):
             return out
     name, indices = split_goals(cfg, split)
     shop = run_shops(cfg, paths)[name]
     chosen = list(indices if indices is not None else range(len(shop.goals)))[:cap]
-    tasks = {t.task_id: t for t in shop_tasks(shop, name)}
+    tasks = {t.task_id: t for t in shop_tasks(shop, name, observation=cfg.env.observation)}
     rows = []
     for i in chosen:
         t, goal = tasks[f"{name}/{i}"], shop.goals[i]
@@ -143,16 +198,22 @@ def ensure_shop_tasks(cfg: Config, paths: RunPaths, split: str, n: int) -> Path:
             }
         )
     table = pa.Table.from_pylist(rows, schema=TASK_SCHEMA)
-    table = table.replace_schema_metadata({"generator": TASKS_VERSION, "cap": str(cap)})
+    table = table.replace_schema_metadata(made_with)
     return atomic.write_parquet(table, out)
 
 
 def make_webshop_env(cfg: Config, paths: RunPaths, tokenizer) -> WebShopEnvironment:
-    """The run's environment: its training and held-out shops, its page sizes."""
+    """The run's environment: its shops, page sizes, observation format, what a broken turn
+    costs, and the reward's noun parser and option matching (all recorded with the run's
+    config)."""
     return WebShopEnvironment(
         tokenizer,
         run_shops(cfg, paths),
         results_per_page=cfg.env.results_per_page,
         max_results=cfg.env.max_results,
         chat_template=cfg.rollout.chat_template,
+        nouns=cfg.env.noun_parser,
+        option_match=cfg.env.option_match,
+        observation=cfg.env.observation,
+        format_error=cfg.env.format_error,
     )

@@ -31,7 +31,9 @@ def product_text(product: Product) -> str:
     """What the index holds for a product, as WebShop builds its search documents."""
     option_text = ", and ".join(f"{g}: {', '.join(v)}" for g, v in product.options.items())
     first_feature = product.features[0] if product.features else ""
-    return " ".join([product.title, product.description, first_feature, option_text]).lower()
+    # a null description indexes as no text (WebShop's index script stops on one)
+    description = product.description or ""
+    return " ".join([product.title, description, first_feature, option_text]).lower()
 
 
 class ShopSearch:

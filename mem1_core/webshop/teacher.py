@@ -22,6 +22,8 @@ imitate on a shop, not 1.
 
 from __future__ import annotations
 
+import re
+
 from mem1_core.data.prompts import IS_CLOSE, IS_OPEN, QUERY_CLOSE, QUERY_OPEN
 from mem1_core.rollout.environment import Environment
 from mem1_core.rollout.generation import Generation
@@ -38,30 +40,38 @@ from mem1_core.webshop.pages import (
     page_results,
 )
 
+_PRICE = re.compile(r"\$([\d.]+)")
+
 
 def search_keywords(goal: Goal, attempt: int = 0) -> str:
     """What the teacher types: the attributes, the option values and the type (WebShop indexes
     a product's option values with its text), then (a retry) the type alone."""
     if attempt > 0:
         return goal.product_type
-    return " ".join([*goal.attributes, *goal.options.values(), goal.product_type])
+    return " ".join([*goal.attributes, *goal.wanted.values(), goal.product_type])
+
+
+def lowest_shown_price(product: Product) -> float:
+    """The lowest price in the product's price text (a range's low end)."""
+    return min((float(x) for x in _PRICE.findall(product.shown_price)), default=product.price)
 
 
 def title_match(goal: Goal, product: Product) -> float:
     """How well a result matches the goal by what a results page shows: the type phrase in the
-    title (2), each attribute phrase in it (1), the price under the bound (1.5)."""
+    title (2), each attribute phrase in it (1), a shown price under the bound (1.5)."""
     title = product.title.lower()
     score = 2.0 * (goal.product_type.lower() in title)
     score += sum(a.lower() in title for a in goal.attributes)
-    return score + 1.5 * (product.price <= goal.price_upper)
+    return score + 1.5 * (lowest_shown_price(product) <= goal.price_upper)
 
 
 def wanted_options(goal: Goal, product: Product) -> list[tuple[str, str]]:
-    """(group, value as the item shows it) of the goal's options that the item offers."""
+    """(group, value as the item shows it) of the goal's options that the item offers and a
+    click can name (WebShop's action pattern cannot name a value holding a "[")."""
     out = []
-    for group, value in goal.options.items():
+    for group, value in goal.wanted.items():
         for shown in product.options.get(group, ()):
-            if shown.lower() == value.lower():
+            if shown.lower() == value.lower() and "[" not in shown:
                 out.append((group, shown))
     return out
 
@@ -117,7 +127,7 @@ class WebShopTeacher:
         turns_left = traj.max_turns - len(traj.turns)
         # an item without an asked option: back to the results for the next candidate, while
         # the turns left pay for one more (back, open, its options, buy)
-        if len(offered) < len(goal.options) and turns_left > len(goal.options) + 3:
+        if len(offered) < len(goal.wanted) and turns_left > len(goal.wanted) + 3:
             return state, f"click[{PREV_PAGE}]"
         if todo and not last_turn:
             return state, f"click[{todo[0][1]}]"
@@ -152,8 +162,8 @@ class WebShopTeacher:
         parts = [f"Need {goal.product_type}"]
         if goal.attributes:
             parts.append(", ".join(goal.attributes))
-        if goal.options:
-            parts.append(", ".join(f"{g} {v}" for g, v in goal.options.items()))
+        if goal.wanted:
+            parts.append(", ".join(f"{g} {v}" for g, v in goal.wanted.items()))
         if goal.price_upper < NO_PRICE_BOUND:
             parts.append(f"under ${goal.price_upper:.0f}")
         return "; ".join(parts) + "."

@@ -251,7 +251,7 @@ def cmd_data_paper(args: argparse.Namespace) -> int:
 
 
 def cmd_data_shop(args: argparse.Namespace) -> int:
-    from mem1_core.webshop.catalog import generate_shop
+    from mem1_core.webshop.generate import generate_shop
 
     t0 = time.perf_counter()
     shop = generate_shop(args.seed, args.products, args.goals)
