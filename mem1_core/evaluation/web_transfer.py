@@ -157,7 +157,7 @@ def render_markdown(record: dict[str, Any]) -> str:
         f"{record['cpu_seconds']} s on {record['machine']['cpu']} ({record['machine']['cores']} "
         f"cores); commit {record['commit']}.",
         "",
-        "| agent | N | tasks | EM sum, local | EM sum, web | web − local EM (paired SE) "
+        "| agent | N | tasks | EM sum, local | EM sum, web | web − local, EM fraction (paired SE) "
         "| peak tokens, local | peak tokens, web |",
         "|---|---|---|---|---|---|---|---|",
     ]

@@ -8,6 +8,7 @@ import argparse
 import json
 import sys
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from mem1_core.cli.commands.data import add_config_args
@@ -119,7 +120,7 @@ def _standin(args: argparse.Namespace) -> int:
         from mem1_core.retrieval.run_index import ensure_run_index
         from mem1_core.runs.layout import RunPaths
 
-        args.index = ensure_run_index(config_from_args(args), RunPaths(args.run))
+        args.index = ensure_run_index(config_from_args(args), RunPaths(Path(args.run)))
     retriever = load_index(args.index)
     snippet = None if args.snippet_chars <= 0 else args.snippet_chars
     with standin_server(
