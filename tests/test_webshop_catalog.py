@@ -129,9 +129,16 @@ def test_the_reward_tells_every_option_and_attribute_apart():
     # score > 85), and no two attributes of a type match or contain one another.
     from mem1_core.webshop.reward import fuzzy_match, normalize_color
 
+    from mem1_core.webshop.reward import option_matches
+
     for group, values in vocab.OPTION_VALUES.items():
         for a, b in itertools.combinations(values, 2):
             assert not fuzzy_match(normalize_color(a), normalize_color(b)), (group, a, b)
+        # as goal.py hands a synthetic goal's options: the right value bought matches its
+        # (group, value) pair, any other value of the group does not
+        for a in values:
+            wanted = [(vocab.group_name(group), a)]
+            assert [option_matches([b], wanted) for b in values] == [b == a for b in values]
     for kinds in vocab.CATEGORIES.values():
         for kind in kinds:
             assert len({vocab.group_name(k) for k in kind.options}) == len(kind.options)

@@ -27,7 +27,7 @@ from mem1_core.webshop.catalog import (
     price_bound,
 )
 
-GENERATOR_VERSION = "shop-1"
+GENERATOR_VERSION = "shop-2"
 """Bumped when `generate_shop` would make a different shop from the same seed."""
 
 _ASIN_CHARS = "0123456789ABCDEFGHJKLMNPQRSTUVWXYZ"

@@ -32,7 +32,10 @@ class ProductKind:
 # Values within a group are chosen so that WebShop's option matcher tells them apart (a
 # test checks every pair): under its token-set score "x-large" matches "large", "8.5"
 # matches "8", "pack of 4" matches "pack of 6", and colour normalisation makes "navy blue"
-# and "light blue" both "blue"; those would make a wrong click as good as the right one.
+# and "light blue" both "blue"; those would make a wrong click as good as the right one. And
+# each value, bought, must match itself as goal.py compares a synthetic goal's options, the
+# (group, value) pair: "white wash" cannot ("wash" holds the colour "ash", which the pair's
+# words lack), so the finish is "antique white".
 OPTION_VALUES: dict[str, tuple[str, ...]] = {
     "size": ("xs", "s", "m", "l", "xl", "xxl"),
     "shoe size": ("6", "7", "8", "9", "10", "11", "12", "13"),
@@ -49,7 +52,7 @@ OPTION_VALUES: dict[str, tuple[str, ...]] = {
     "pack size": ("single", "pair", "three pack", "six pack", "twelve pack"),
     "capacity": ("32gb", "64gb", "128gb", "256gb", "512gb"),
     "style": ("classic", "pro", "mini", "bundle", "travel"),
-    "finish": ("natural oak", "walnut", "espresso", "white wash", "matte black", "cherry"),
+    "finish": ("natural oak", "walnut", "espresso", "antique white", "matte black", "cherry"),
     "furniture size": ("small", "medium", "large", "twin", "full", "queen", "king"),
 }  # fmt: skip
 
