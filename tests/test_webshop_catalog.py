@@ -127,9 +127,7 @@ def test_the_reward_tells_every_option_and_attribute_apart():
     # A wrong click or a product lacking an attribute must cost the match: no two values of
     # an option group match under WebShop's option matcher (colour-normalised, token set
     # score > 85), and no two attributes of a type match or contain one another.
-    from mem1_core.webshop.reward import fuzzy_match, normalize_color
-
-    from mem1_core.webshop.reward import option_matches
+    from mem1_core.webshop.reward import fuzzy_match, normalize_color, option_matches
 
     for group, values in vocab.OPTION_VALUES.items():
         for a, b in itertools.combinations(values, 2):
