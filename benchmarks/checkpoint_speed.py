@@ -1,5 +1,5 @@
 """What writing one PPO checkpoint of the `smol` profile costs: the real save
-(mem1_core.runs.checkpoint.save_checkpoint) of SmolLM2-135M (float32 weights), a critic of its
+(mem1_core.training.checkpoint.save_checkpoint) of SmolLM2-135M (float32 weights), a critic of its
 first 8 layers and both AdamW optimisers after one step (their moments exist, as in a run), with
 the tokenizer, `--reps` times, each into a fresh directory and deleted after. Prints each save's
 seconds and its parts (from the files' modification times: the policy, the critic, the optimiser
@@ -52,7 +52,7 @@ def main() -> None:
     from mem1_core.models.model import load_model
     from mem1_core.models.tokenizer import load_tokenizer
     from mem1_core.rl.critic import Critic
-    from mem1_core.runs.checkpoint import TrainState, save_checkpoint
+    from mem1_core.training.checkpoint import TrainState, save_checkpoint
 
     policy = load_model(SMOL, ModelConfig(name_or_path=SMOL))
     tokenizer = load_tokenizer(SMOL)

@@ -181,18 +181,35 @@ def synthetic_trajectories(
     return out
 
 
-def matmul_peak(dtype=None, repeats: int = 5) -> float:
-    """GFLOP/s of the best square matmul (1024 and 2048) in `dtype` (default float32) on the
-    current torch threads: the ceiling a dense training step can reach here."""
+def matmul_peak(dtype=None, repeats: int = 5, sizes: Sequence[int] = (1024, 2048)) -> float:
+    """GFLOP/s of the best square matmul (of each of `sizes`) in `dtype` (default float32) on
+    the current torch threads: the ceiling a dense training step can reach here."""
     import torch
 
     dtype = dtype or torch.float32
     best = 0.0
-    for n in (1024, 2048):
+    for n in sizes:
         a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
         torch.mm(a, b)
         for _ in range(repeats):
             t0 = time.perf_counter()
             torch.mm(a, b)
             best = max(best, 2 * n**3 / (time.perf_counter() - t0))
+    return best / 1e9
+
+
+def copy_bandwidth(mib: int = 256, repeats: int = 5) -> float:
+    """GB/s of the best copy of `mib` MiB between two tensors on the current torch threads
+    (bytes read plus bytes written): the ceiling of a pass that streams weights, as decoding
+    does."""
+    import torch
+
+    a = torch.ones(mib * 2**18)  # float32: 4 bytes each
+    b = torch.empty_like(a)
+    b.copy_(a)
+    best = 0.0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        b.copy_(a)
+        best = max(best, 2 * a.numel() * 4 / (time.perf_counter() - t0))
     return best / 1e9

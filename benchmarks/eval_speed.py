@@ -43,13 +43,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from mem1_core.config import load_config
+    from mem1_core.domains.inputs import ensure_tokenizer, load_tasks, make_env, prepare
     from mem1_core.evaluation.evaluate import run_eval
     from mem1_core.models.model import load_model
-    from mem1_core.models.policy import ensure_tokenizer
     from mem1_core.rollout import generation
-    from mem1_core.rollout.env import make_env
     from mem1_core.rollout.generation import HFBackend
-    from mem1_core.rollout.inputs import load_tasks, prepare
 
     cfg = load_config(args.profile, None, [])
     paths = prepare(cfg, args.run)

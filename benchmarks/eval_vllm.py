@@ -39,6 +39,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     from mem1_core.config import load_config
+    from mem1_core.domains.inputs import ensure_tokenizer, load_tasks, make_env, prepare
     from mem1_core.evaluation.cells import (
         Cell,
         cell_record,
@@ -50,9 +51,6 @@ def main() -> None:
     from mem1_core.evaluation.summary import summarize
     from mem1_core.evaluation.vllm_cells import choose_player, generated_tokens
     from mem1_core.models.model import load_model
-    from mem1_core.models.policy import ensure_tokenizer
-    from mem1_core.rollout.env import make_env
-    from mem1_core.rollout.inputs import load_tasks, prepare
 
     cfg = load_config(args.profile, None, ["eval.backend=vllm"])
     paths = prepare(cfg, args.run)

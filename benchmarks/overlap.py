@@ -40,8 +40,8 @@ def run_arm(name: str, args: argparse.Namespace, out: Path, train: bool = True) 
     """Train arm `name` into out/name (unless a finished run is there) and summarise it;
     `train=False`: only a finished run's summary (None if there is none)."""
     from mem1_core.config import load_config
-    from mem1_core.runs.checkpoint import latest_checkpoint, read_state
     from mem1_core.runs.layout import RunPaths
+    from mem1_core.training.checkpoint import latest_checkpoint, read_state
     from mem1_core.training.train_rl import train_rl
 
     over = [

@@ -34,9 +34,7 @@ RECALL = "mem1+recall"
 
 def setup(args):
     from mem1_core.config import load_config
-    from mem1_core.models.policy import ensure_tokenizer
-    from mem1_core.rollout.env import make_env
-    from mem1_core.rollout.inputs import prepare
+    from mem1_core.domains.inputs import ensure_tokenizer, make_env, prepare
 
     over = [f"data.eval_objectives_per_n={args.objectives}", *args.overrides]
     cfg = load_config(args.profile, None, over)
@@ -86,7 +84,7 @@ def emit(record: dict) -> None:
 
 
 def cmd_teacher(args) -> None:
-    from mem1_core.rollout.inputs import load_tasks
+    from mem1_core.domains.inputs import load_tasks
     from mem1_core.rollout.loop import rollout
     from mem1_core.rollout.teacher import ScriptedTeacher
 
@@ -110,9 +108,9 @@ def cmd_teacher(args) -> None:
 
 
 def cmd_sft(args) -> None:
+    from mem1_core.domains.inputs import load_tasks
     from mem1_core.models.model import save_model
     from mem1_core.models.policy import initial_policy
-    from mem1_core.rollout.inputs import load_tasks
     from mem1_core.training.sft import step_options, teacher_trajectories, train_on_trajectories
     from mem1_core.trajectory.record import write_trajectories
 
@@ -157,10 +155,10 @@ def cmd_sft(args) -> None:
 
 
 def cmd_eval(args) -> None:
+    from mem1_core.domains.inputs import load_tasks
     from mem1_core.evaluation.evaluate import run_eval
     from mem1_core.models.model import load_model
     from mem1_core.models.policy import initial_policy
-    from mem1_core.rollout.inputs import load_tasks
     from mem1_core.trajectory.record import read_trajectories, write_trajectories
 
     cfg, paths, tok, env = setup(args)

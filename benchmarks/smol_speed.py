@@ -62,9 +62,7 @@ def contexts_of(n: int, batch: int):
     """`batch` real task contexts at N=n: the smol profile's prompt (chat template) and a
     first turn with its <info>, as a second turn reads them."""
     from mem1_core.config import load_config
-    from mem1_core.models.policy import ensure_tokenizer
-    from mem1_core.rollout.env import make_env
-    from mem1_core.rollout.inputs import load_tasks, prepare
+    from mem1_core.domains.inputs import ensure_tokenizer, load_tasks, make_env, prepare
     from mem1_core.rollout.loop import rollout
     from mem1_core.rollout.teacher import ScriptedTeacher
 

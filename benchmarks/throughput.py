@@ -41,10 +41,9 @@ def main() -> None:
     from torch.utils.flop_counter import FlopCounterMode
 
     from mem1_core.config import load_config
-    from mem1_core.models.policy import ensure_tokenizer, initial_policy
-    from mem1_core.rollout.env import make_env
+    from mem1_core.domains.inputs import ensure_tokenizer, load_tasks, make_env, prepare
+    from mem1_core.models.policy import initial_policy
     from mem1_core.rollout.generation import HFBackend
-    from mem1_core.rollout.inputs import load_tasks, prepare
     from mem1_core.rollout.loop import rollout
     from mem1_core.training.sft import sft_loss, teacher_trajectories
     from mem1_core.training.train_rl import train_rl

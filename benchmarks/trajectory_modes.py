@@ -87,9 +87,7 @@ def smol_model(tok, layers: int | None):
 def make_trajectories(ns: list[int], tasks: int, out: Path, layers: int | None) -> dict[int, Path]:
     """The teacher's MEM1 trajectories at each N, with the rollout's log-probs filled in."""
     from mem1_core.config import load_config
-    from mem1_core.models.policy import ensure_tokenizer
-    from mem1_core.rollout.env import make_env
-    from mem1_core.rollout.inputs import load_tasks, prepare
+    from mem1_core.domains.inputs import ensure_tokenizer, load_tasks, make_env, prepare
     from mem1_core.rollout.loop import rollout
     from mem1_core.rollout.teacher import ScriptedTeacher
     from mem1_core.trajectory.logprobs import per_turn_logprobs
@@ -166,8 +164,7 @@ def child(
 ) -> None:
     """One mode, every N, in this process: print a JSON line per N."""
     from mem1_core.config import load_config
-    from mem1_core.models.policy import ensure_tokenizer
-    from mem1_core.rollout.inputs import prepare
+    from mem1_core.domains.inputs import ensure_tokenizer, prepare
     from mem1_core.trajectory.record import read_trajectories
 
     torch.set_num_threads(threads)

@@ -16,20 +16,21 @@ from mem1_core.runs.layout import RunPaths
 
 
 @task(name="build-world", cache_policy=None)
-def build_world(cfg: Config, paths: RunPaths) -> tuple[Path, float]:
-    from mem1_core.data.run_tasks import ensure_world
+def prepare_data(cfg: Config, paths: RunPaths) -> tuple[Path | None, float]:
+    """What the run's domain builds before its tasks (the embedded world), and its seconds."""
+    from mem1_core.domains.registry import domain_of
 
     t0 = time.perf_counter()
-    return ensure_world(cfg, paths), time.perf_counter() - t0
+    return domain_of(cfg).prepare_data(cfg, paths), time.perf_counter() - t0
 
 
 @task(name="compose", retries=2, retry_delay_seconds=5, cache_policy=None)
 def compose_one(cfg: Config, paths: RunPaths, split: str, n: int) -> dict:
     """Compose (or reuse) one task file; retried because hub datasets load over the network."""
-    from mem1_core.data.run_tasks import ensure_tasks
+    from mem1_core.domains.registry import domain_of
 
     t0 = time.perf_counter()
-    path = ensure_tasks(cfg, paths, split, n)
+    path = domain_of(cfg).ensure_tasks(cfg, paths, split, n)
     table = pq.read_table(path)
     meta = table.schema.metadata or {}
     return {
@@ -60,8 +61,8 @@ def compose_tasks(
     cfg = build_config(profile, config_path, overrides, config)
     paths = RunPaths(Path(out_dir).resolve() if out_dir else run_dir(runs_root, f"data-{profile}"))
     world_dir = None
-    if cfg.data.source == "world" and cfg.env.kind == "qa":  # WebShop: the shops, with its tasks
-        world_dir, seconds = build_world(cfg, paths)
+    world_dir, seconds = prepare_data(cfg, paths)  # QA's world; WebShop: its tasks bring shops
+    if world_dir is not None:
         print(f"world ready in {world_dir} ({seconds:.2f}s)")
     # N=1 is the warm start's (QA); a WebShop task is one objective, N=1 only
     train_ns = sorted({cfg.data.train_objectives, 1, *(objectives or [])})

@@ -68,15 +68,17 @@ def build_index_flow(
     (the pipeline's run directory) everything goes there, in the run layout of
     mem1_core.retrieval.run_index; else under `runs_root/index-<profile>`. `config`: the
     parent flow's resolved config (built once)."""
+    from mem1_core.domains.registry import domain_of
     from mem1_core.retrieval.run_index import index_options, prebuilt_index
 
     cfg = build_config(profile, config_path, overrides, config)
-    if cfg.env.kind != "qa":
-        print(f"env.kind={cfg.env.kind}: its environment searches by itself, no index to build")
-        return {"kind": "none"}
     if cfg.retrieval.url is not None:
         print(f"retrieval served at {cfg.retrieval.url}: no index to build")
         return {"url": cfg.retrieval.url, "kind": cfg.retrieval.kind}
+    if not domain_of(cfg).uses_index(cfg):
+        print(f"env.kind={cfg.env.kind}, retrieval.backend={cfg.retrieval.backend}: the run "
+              "searches no index of its own, none to build")  # fmt: skip
+        return {"kind": "none"}
     if cfg.retrieval.index is not None:  # prebuilt (`mem1 index`): used as it is
         result = describe(prebuilt_index(cfg), built=False)
         print(f"prebuilt {result['kind']} index {result['index']}")

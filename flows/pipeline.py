@@ -388,7 +388,7 @@ def nightly_eval(runs_root: str | None = None, profile: str = "tiny") -> dict[st
         )
         return {"runs_root": str(root), "checkpoint": None, "evaluated": False}
     from mem1_core.evaluation.stage import run_objective_scaling
-    from mem1_core.runs.checkpoint import checkpoint_memory
+    from mem1_core.training.checkpoint import checkpoint_memory
 
     run_dir = checkpoint.parents[1]  # the training run that wrote it holds its tasks and index
     out = run_dir / "nightly" / default_run_name()

@@ -67,7 +67,7 @@ def test_a_directory_without_a_manifest_or_weights_is_refused(small_tokenizer, t
 
 
 def test_a_run_with_a_base_adopts_its_tokenizer_and_refuses_another(small_tokenizer, tmp_path):
-    from mem1_core.models.policy import ensure_tokenizer
+    from mem1_core.domains.inputs import ensure_tokenizer
     from mem1_core.models.tokenizer import train_tiny_tokenizer
     from mem1_core.runs.layout import RunPaths
 
@@ -86,10 +86,9 @@ def test_a_run_with_a_base_adopts_its_tokenizer_and_refuses_another(small_tokeni
 def test_the_shipped_base_loads_and_plays(tmp_path):
     """The base in data/base fits the code and answers held-out single-objective questions of
     a world it never saw (smoke-sized, seed 777) in the format, from what it retrieves."""
+    from mem1_core.domains.inputs import ensure_tokenizer, load_tasks, make_env, prepare
     from mem1_core.evaluation.evaluate import evaluate_policy
-    from mem1_core.models.policy import ensure_tokenizer, initial_policy
-    from mem1_core.rollout.env import make_env
-    from mem1_core.rollout.inputs import load_tasks, prepare
+    from mem1_core.models.policy import initial_policy
 
     manifest = check_base(SHIPPED)
     assert manifest["steps"] > 0 and manifest["held_out"]

@@ -22,7 +22,7 @@ import torch
 from mem1_core.config import ModelConfig, load_config
 from mem1_core.models.model import build_tiny_model
 from mem1_core.rl.critic import Critic
-from mem1_core.runs.checkpoint import (
+from mem1_core.training.checkpoint import (
     TrainState,
     checkpoint_problems,
     latest_checkpoint,
@@ -308,7 +308,7 @@ def test_sigkill_then_resume_loses_and_duplicates_no_iteration(tmp_path, monkeyp
 def test_a_checkpoint_records_the_memory_policy_it_trained_under(tmp_path):
     """The nightly evaluation reads the memory from the checkpoint's config.json, not from
     its directory's name."""
-    from mem1_core.runs.checkpoint import checkpoint_memory
+    from mem1_core.training.checkpoint import checkpoint_memory
 
     path = tmp_path / "ppo_mem1"
     path.mkdir()

@@ -23,7 +23,8 @@ import torch
 from mem1_core.config import ModelConfig, load_config
 from mem1_core.models.model import build_tiny_model
 from mem1_core.runs import atomic
-from mem1_core.runs.checkpoint import (
+from mem1_core.runs.faults import DiskFull
+from mem1_core.training.checkpoint import (
     MANIFEST_FILE,
     CorruptCheckpoint,
     TrainState,
@@ -33,7 +34,6 @@ from mem1_core.runs.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from mem1_core.runs.faults import DiskFull
 
 TINY = ModelConfig(hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=64)
 
@@ -84,7 +84,7 @@ def test_resume_skips_a_corrupt_newest_checkpoint_and_says_which_file(
     for k in (1, 2, 3):
         _save(tmp_path, k, policy, opts)
     _flip_byte(tmp_path / "iter_000003" / "optimizer.pt", at=100)  # same size, other bytes
-    with caplog.at_level(logging.WARNING, logger="mem1_core.runs.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="mem1_core.training.checkpoint"):
         good = latest_intact_checkpoint(tmp_path)
     assert good.name == "iter_000002"
     assert "optimizer.pt does not match its sha256" in caplog.text
@@ -110,7 +110,7 @@ def test_a_checkpoint_from_before_checksums_still_loads(small_tokenizer, tmp_pat
     ckpt = _save(tmp_path, 2, policy, opts)
     (ckpt / MANIFEST_FILE).unlink()
     other, other_opts = _policy(small_tokenizer, seed=1)
-    with caplog.at_level(logging.WARNING, logger="mem1_core.runs.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="mem1_core.training.checkpoint"):
         assert latest_intact_checkpoint(tmp_path) == ckpt
         state = load_checkpoint(ckpt, policy=other, optimizers=other_opts)
     assert state.iteration == 2 and "loading it unverified" in caplog.text
@@ -251,8 +251,8 @@ def test_policy_without_weights_is_refused_before_the_run_starts(tmp_path, capsy
 
 
 def test_task_file_missing_a_column_and_a_corrupt_index(tmp_path, capsys):
+    from mem1_core.domains.inputs import prepare
     from mem1_core.retrieval.run_index import ensure_run_index
-    from mem1_core.rollout.inputs import prepare
     from mem1_core.runs.layout import RunPaths
 
     cfg = load_config("smoke")
@@ -339,7 +339,7 @@ def test_full_disk_then_corrupt_checkpoint_resume_loses_and_repeats_nothing(
     weights = out / "checkpoints" / "iter_000002" / "policy" / "model.safetensors"
     os.truncate(weights, weights.stat().st_size - 10)
     part1 = (out / "trajectories" / "iter_000001.parquet").stat()
-    with caplog.at_level(logging.WARNING, logger="mem1_core.runs.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="mem1_core.training.checkpoint"):
         rc, err = _cli([*argv, "--resume"], capsys)
     assert rc == 0, err
     assert "policy/model.safetensors has" in caplog.text and "(truncated)" in caplog.text
@@ -365,7 +365,7 @@ def _gen_ids(trajs) -> list[list[list[int]]]:
 @pytest.mark.slow
 def test_a_killed_rollout_worker_is_restarted_and_its_share_redone(tmp_path, monkeypatch):
     ray = pytest.importorskip("ray")
-    from mem1_core.rollout.inputs import load_tasks, prepare
+    from mem1_core.domains.inputs import load_tasks, prepare
     from mem1_core.training.actor_start import start_runtime
 
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")

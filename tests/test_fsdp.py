@@ -177,7 +177,7 @@ def rolled(tmp_path_factory):
     """A prepared run directory and 5 trajectories of the initial policy (3 tasks x 2
     samples, the last dropped), the first sample of each task declared right so that the
     advantages are not all zero."""
-    from mem1_core.rollout.inputs import load_tasks, prepare
+    from mem1_core.domains.inputs import load_tasks, prepare
     from mem1_core.training.workers import RolloutWorker
 
     cfg = _config()
@@ -237,7 +237,7 @@ def test_the_fsdp_group_updates_saves_and_restores_as_the_single_learner(
     import ray
 
     from mem1_core.rl.critic import Critic
-    from mem1_core.runs.checkpoint import TrainState, read_state
+    from mem1_core.training.checkpoint import TrainState, read_state
     from mem1_core.training.fsdp_learner import start_learner_group
     from mem1_core.training.learner import Learner
 
@@ -297,10 +297,10 @@ def test_the_fsdp_group_updates_saves_and_restores_as_the_single_learner(
 def test_train_rl_with_an_fsdp_learner_trains_checkpoints_and_resumes(
     tmp_path, monkeypatch, ray_session
 ):
+    from mem1_core.domains.inputs import ensure_tokenizer
     from mem1_core.models.model import load_model
-    from mem1_core.models.policy import ensure_tokenizer
-    from mem1_core.runs.checkpoint import read_state
     from mem1_core.runs.layout import RunPaths
+    from mem1_core.training.checkpoint import read_state
     from mem1_core.training.train_rl import train_rl
 
     monkeypatch.setenv("WANDB_MODE", "disabled")

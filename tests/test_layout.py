@@ -51,3 +51,46 @@ def test_no_import_cycles():
     for module in sorted(edges):
         if module not in state:
             visit(module, [module])
+
+
+LAYERS = ["cli", "experiment", "webshop", "training", "evaluation", "domains", "rollout",
+          "retrieval", "rl", "trajectory", "models", "data", "runs", "config"]  # fmt: skip
+"""mem1_core's packages from the top layer down (docs/design.md, "Layers"): a package imports
+only the packages below it. A domain's own package (webshop) sits above the layers it plugs
+into; the registry that names it is data in config (mem1_core.config.domains)."""
+UPWARD = {
+    ("config", "models"): "config.reference resolves a machine-dependent value (`model.autocast: "
+    "auto`) by asking models.compute, lazily, only to print the reference",
+    ("runs", "models"): "runs.layout.resolve_init checks that a policy directory holds a model "
+    "(models.model.check_model_dir) before a run directory is touched",
+}
+"""The imports allowed against the order, each with its reason (at most 3)."""
+
+
+def _package_imports() -> dict[tuple[str, str], set[str]]:
+    """(package, package it imports) -> the files that import it, for mem1_core's packages."""
+    out: dict[tuple[str, str], set[str]] = {}
+    for module, deps in _imports().items():
+        parts = module.split(".")
+        if len(parts) < 2:
+            continue
+        for dep in deps:
+            d = dep.split(".")
+            if d[0] == "mem1_core" and len(d) > 1 and d[1] != parts[1] and d[1] in LAYERS:
+                out.setdefault((parts[1], d[1]), set()).add(module)
+    return out
+
+
+def test_every_package_has_a_layer():
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    packages |= {p.name for p in PACKAGE.iterdir() if p.is_dir() and any(p.glob("*.py"))}
+    assert packages == set(LAYERS), sorted(packages ^ set(LAYERS))
+
+
+def test_packages_import_one_way():
+    rank = {p: k for k, p in enumerate(LAYERS)}
+    upward = {pair: sorted(files) for pair, files in _package_imports().items()
+              if rank[pair[1]] < rank[pair[0]]}  # fmt: skip
+    unexplained = {pair: files for pair, files in upward.items() if pair not in UPWARD}
+    assert not unexplained, f"imports against the layer order (LAYERS): {unexplained}"
+    assert len(UPWARD) <= 3 and set(UPWARD) <= set(upward), "an exception no code needs: drop it"

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from mem1_core.evaluation.metrics import (
+from mem1_core.data.metrics import (
     dependency,
     exact_match,
     f1_score,
@@ -74,7 +74,7 @@ def test_one_summary_for_training_and_evaluation():
 
 
 def test_paper_normalisation_spaces_punctuation_and_keeps_articles():
-    from mem1_core.evaluation.metrics import paper_normalize
+    from mem1_core.data.metrics import paper_normalize
 
     assert paper_normalize("  The Hay-Bunau, River! ") == "the hay bunau river"
     assert paper_normalize("O'Neil") == "o neil"  # SQuAD would give "oneil"
@@ -110,7 +110,7 @@ def test_paper_normalisation_spaces_punctuation_and_keeps_articles():
     ],
 )
 def test_the_paper_scorer_against_hand_worked_cases(answer, golden, paper_em, paper_f1, squad_em):
-    from mem1_core.evaluation.metrics import SCORERS
+    from mem1_core.data.metrics import SCORERS
 
     em, f1 = SCORERS["mem1-paper"](answer, golden)
     assert em == paper_em
@@ -120,7 +120,7 @@ def test_the_paper_scorer_against_hand_worked_cases(answer, golden, paper_em, pa
 
 def test_every_configurable_scorer_exists():
     from mem1_core.config import SCORER_NAMES, load_config
-    from mem1_core.evaluation.metrics import SCORERS
+    from mem1_core.data.metrics import SCORERS
 
     assert set(SCORER_NAMES) == set(SCORERS)
     assert load_config("smoke").eval.scorer == "squad"  # the training reward stays the default

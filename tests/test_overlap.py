@@ -63,7 +63,7 @@ def test_overlap_needs_the_rollout_correction():
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     """The smoke run's world, tasks, tokenizer and index, built once for the module."""
-    from mem1_core.rollout.inputs import prepare
+    from mem1_core.domains.inputs import prepare
 
     root = tmp_path_factory.mktemp("assets")
     prepare(_config(), root)
@@ -80,7 +80,7 @@ def _run_dir(assets, path):
 def _reference(cfg, root, overlap: bool) -> list[dict]:
     """The loop written out with the Runtime, in process: synchronous (roll out k, update,
     sync), or overlapped (roll out k+1 before update k). -> the learner's stats per iteration."""
-    from mem1_core.rollout.inputs import load_tasks, prepare
+    from mem1_core.domains.inputs import load_tasks, prepare
     from mem1_core.training.actor_start import start_runtime
     from mem1_core.training.train_rl import select_tasks
 
@@ -132,8 +132,9 @@ def _tree_logprobs(updates: int, cfg, out, part):
     """Log-probs of `part`'s generated tokens under the policy after `updates` updates (the
     initial one, or checkpoint iter_{updates}), over the flattened trees, and the ones its
     rollout recorded."""
+    from mem1_core.domains.inputs import ensure_tokenizer
     from mem1_core.models.model import load_model
-    from mem1_core.models.policy import ensure_tokenizer, initial_policy
+    from mem1_core.models.policy import initial_policy
     from mem1_core.rl.batch import make_rollout_batch
     from mem1_core.runs.layout import RunPaths
     from mem1_core.trajectory.logprobs import forward_tree

@@ -115,8 +115,7 @@ def test_sft_reports_its_steps(small_tokenizer, tmp_path, monkeypatch):
 
 def _teacher_trajs(tok, tmp_path):
     from mem1_core.config import load_config
-    from mem1_core.rollout.env import make_env
-    from mem1_core.rollout.inputs import load_tasks, prepare
+    from mem1_core.domains.inputs import load_tasks, make_env, prepare
     from mem1_core.training.sft import teacher_trajectories
 
     cfg = load_config("smoke")

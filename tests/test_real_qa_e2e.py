@@ -305,7 +305,7 @@ def test_the_exported_corpus_is_indexed_and_found(corpus, indexes):
 
 
 def test_two_ppo_iterations_from_the_pretrained_stand_in(cfg, paths, indexes, trained):
-    from mem1_core.models.policy import ensure_tokenizer
+    from mem1_core.domains.inputs import ensure_tokenizer
     from mem1_core.models.tags import tag_scheme
     from mem1_core.trajectory.record import read_trajectories
 
@@ -345,10 +345,8 @@ def test_evaluation_at_one_and_two_objectives(cfg, paths, indexes, trained):
 def test_em_and_f1_on_the_gold_aliases(cfg, paths, composed):
     """Known answers through the environment that scores the models: any alias scores 1
     after SQuAD normalisation; a partial name scores its token F1."""
+    from mem1_core.domains.inputs import ensure_tokenizer, load_tasks, make_env
     from mem1_core.evaluation.scaling import Agent, evaluate_scaling
-    from mem1_core.models.policy import ensure_tokenizer
-    from mem1_core.rollout.env import make_env
-    from mem1_core.rollout.inputs import load_tasks
     from mem1_core.trajectory.record import read_trajectories
 
     tok = ensure_tokenizer(cfg, paths)

@@ -40,7 +40,7 @@ OVERRIDES = [
 @pytest.mark.slow
 def test_a_run_with_the_toolbox_trains_and_resumes_its_kl_coefficient(tmp_path, monkeypatch):
     from mem1_core.rl.kl_control import adaptive_kl_coef
-    from mem1_core.runs.checkpoint import read_state
+    from mem1_core.training.checkpoint import read_state
     from mem1_core.training.train_rl import train_rl
 
     monkeypatch.setenv("WANDB_MODE", "disabled")

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from mem1_core.config import load_config
-from mem1_core.training import rollout_python
-from mem1_core.training.rollout_python import (
+from mem1_core.runs import rollout_python
+from mem1_core.runs.rollout_python import (
     IncompatiblePython,
     check_compatible,
     probe,

@@ -154,15 +154,14 @@ SHORT_TURNS = [
 @pytest.fixture(scope="module")
 def smol_run(tmp_path_factory):
     """The smol profile's world, tasks and index, prepared once for the rollout tests."""
-    from mem1_core.rollout.inputs import prepare
+    from mem1_core.domains.inputs import prepare
 
     cfg = load_config("smol", overrides=[*SHORT_TURNS, "data.max_eval_tasks=2"])
     return prepare(cfg, tmp_path_factory.mktemp("smol-run"))
 
 
 def _rollouts(model, tok, autocast: str | None, paths):
-    from mem1_core.rollout.env import make_env
-    from mem1_core.rollout.inputs import load_tasks
+    from mem1_core.domains.inputs import load_tasks, make_env
 
     cfg = load_config(
         "smol",

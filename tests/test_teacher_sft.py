@@ -307,7 +307,7 @@ def test_context_loss_is_the_plain_language_model_loss_on_environment_tokens(
 def test_teacher_worlds_are_fresh_and_train_only(small_world_config, tmp_path):
     from mem1_core.config import load_config
     from mem1_core.data.run_tasks import teacher_world
-    from mem1_core.rollout.inputs import load_tasks
+    from mem1_core.domains.inputs import load_tasks
     from mem1_core.runs.layout import RunPaths
 
     cfg = load_config("smoke")

@@ -42,8 +42,9 @@ def _tree_logprobs(model, trajs, pad_id):
 
 @pytest.mark.slow
 def test_smoke_ppo_through_ray(tmp_path, monkeypatch, ray_cleanup):
+    from mem1_core.domains.inputs import ensure_tokenizer
     from mem1_core.models.model import load_model
-    from mem1_core.models.policy import ensure_tokenizer, initial_policy
+    from mem1_core.models.policy import initial_policy
     from mem1_core.runs.layout import RunPaths
     from mem1_core.training.train_rl import train_rl
     from mem1_core.trajectory.record import read_trajectories

@@ -433,7 +433,8 @@ TRAIN_OVERRIDES = [
 
 def _train_with_vllm(tmp_path, monkeypatch, use_ray: bool) -> list[dict]:
     """A two-iteration smoke PPO run whose rollout workers generate with vLLM; -> metrics."""
-    from mem1_core.models.policy import ensure_tokenizer, initial_policy
+    from mem1_core.domains.inputs import ensure_tokenizer
+    from mem1_core.models.policy import initial_policy
     from mem1_core.rl.batch import make_rollout_batch
     from mem1_core.runs.layout import RunPaths
     from mem1_core.training.train_rl import train_rl

@@ -23,7 +23,7 @@ from test_rollout_python import CROSS_VENV_OVERRIDES, fake_python, prefect_pytho
 from mem1_core.config import load_config
 from mem1_core.evaluation.cells import Cell, cell_record, write_cell
 from mem1_core.evaluation.vllm_cells import VLLMCellPlayer, VLLMUnavailable, choose_player
-from mem1_core.training import rollout_python
+from mem1_core.runs import rollout_python
 
 
 @pytest.fixture
@@ -220,8 +220,8 @@ DRIVER = textwrap.dedent(
     from mem1_core.evaluation.stage import run_objective_scaling
     from mem1_core.models.model import save_model
     from mem1_core.models.policy import initial_policy
-    from mem1_core.rollout.inputs import prepare
-    from mem1_core.models.policy import ensure_tokenizer
+    from mem1_core.domains.inputs import prepare
+    from mem1_core.domains.inputs import ensure_tokenizer
     from mem1_core.training.vllm_engine import vllm_importable
 
     assert not vllm_importable(), "the driver must be a Python without vLLM"
@@ -312,10 +312,10 @@ def test_teacher_rows_beside_an_agent_play_in_one_evaluation(tmp_path):
     pipeline run has them): each row is played by its own player (the teacher's backend for
     its rows, the engine's cell player for the policy's), none in place of another."""
     from mem1_core.config import load_config
+    from mem1_core.domains.inputs import ensure_tokenizer, prepare
     from mem1_core.evaluation.stage import run_objective_scaling
     from mem1_core.models.model import save_model
-    from mem1_core.models.policy import ensure_tokenizer, initial_policy
-    from mem1_core.rollout.inputs import prepare
+    from mem1_core.models.policy import initial_policy
 
     cfg = load_config("smoke", overrides=["data.eval_objectives=[1]", "data.max_eval_tasks=2"])
     tok = ensure_tokenizer(cfg, prepare(cfg, tmp_path))

@@ -50,7 +50,7 @@ def disk_full(ctx: Context) -> dict[str, Any]:
     stopped (SIGSTOP) while the ballast takes all free space but half a checkpoint, less what
     a checkpoint in progress already staged, so the run's next checkpoint (or an earlier
     Parquet write) is what fails, never the harness's own write."""
-    from mem1_core.runs.checkpoint import checkpoint_problems, list_checkpoints
+    from mem1_core.training.checkpoint import checkpoint_problems, list_checkpoints
 
     mount = ctx.harness.tmpfs()
     if mount is None:

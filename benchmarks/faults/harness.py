@@ -133,7 +133,7 @@ def template(work: Path, init: Path) -> Path:
     out = work / "template"
     if not (out / "indexes").is_dir():
         from mem1_core.config import load_config
-        from mem1_core.rollout.inputs import prepare
+        from mem1_core.domains.inputs import prepare
 
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)

@@ -42,11 +42,9 @@ def run(c: Check) -> None:
     import torch
 
     from mem1_core.config import load_config
+    from mem1_core.domains.inputs import ensure_tokenizer, load_tasks, make_env, prepare
     from mem1_core.evaluation.evaluate import evaluate_policy
     from mem1_core.models.model import count_parameters, load_model
-    from mem1_core.models.policy import ensure_tokenizer
-    from mem1_core.rollout.env import make_env
-    from mem1_core.rollout.inputs import load_tasks, prepare
     from mem1_core.training.sft import train_sft
     from mem1_core.training.train_rl import train_rl
 

@@ -2,7 +2,7 @@
 section's model with `rollout.backend=vllm`, driven, as the `mem1/train-eval` flows drive
 them, from the Prefect venv's Python (no vLLM there: `--prefect-python`, default
 $MEM1_VENV or ./.venv; benchmarks.gpu.deployment_driver) with the rollout worker a Ray actor
-under the vLLM venv's Python (mem1_core.training.rollout_python), each side on half the GPU.
+under the vLLM venv's Python (mem1_core.runs.rollout_python), each side on half the GPU.
 Reports what metrics.jsonl says generated the rollouts (backend, vLLM version, interpreter),
 the per-turn rollout / learner log-prob mismatch, and rollout tokens/s. CUDA only (skipped on
 a CPU, and where either venv is missing); a subprocess, so its Ray and engine leave with it."""
@@ -28,7 +28,7 @@ def prefect_python(given: str | None) -> Path:
 
 def run(c: Check) -> None:
     device, s, out, emit = c.device, c.sizes, c.out, c.emit
-    from mem1_core.training.rollout_python import vllm_python
+    from mem1_core.runs.rollout_python import vllm_python
 
     if device != "cuda":
         emit({"check": "vllm_deployment", "skipped": "CUDA only (the CPU path: ./dev test-vllm)"})

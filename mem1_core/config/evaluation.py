@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from mem1_core.config.sections import Section
 
 SCORER_NAMES = ("squad", "mem1-paper")
-"""The scorers of mem1_core.evaluation.metrics.SCORERS."""
+"""The scorers of mem1_core.data.metrics.SCORERS."""
 EVAL_BACKENDS = ("hf", "vllm", "auto")
 """The engines that can play the evaluation's cells (mem1_core.evaluation.vllm_cells)."""
 

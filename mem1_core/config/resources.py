@@ -57,7 +57,7 @@ class ResourcesConfig(Section):
     vllm, or auto) and the driver cannot import it, as from the Prefect venv: each worker is
     then a Ray actor under this interpreter (runtime_env py_executable), which must have vLLM
     and the driver's Ray and Python versions (checked before any actor starts;
-    mem1_core.training.rollout_python). None: $MEM1_VLLM_PYTHON, else the checkout's
+    mem1_core.runs.rollout_python). None: $MEM1_VLLM_PYTHON, else the checkout's
     .venv-vllm/bin/python (`./dev setup-vllm`) if it exists. On a cluster, a path every node
     has."""
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mem1_core.config.domains import DOMAINS
+
 MEMORIES = ("mem1", "full", "truncate", "mem1+recall")
 """The memory policies (mem1_core.rollout.memory)."""
 
@@ -50,8 +52,8 @@ class WorldConfig(Section):
             raise ValueError("near_duplicate_fraction must be in [0, 1)")
 
 
-ENV_KINDS = ("qa", "webshop")
-"""The domains (mem1_core.rollout.env.ENVIRONMENTS)."""
+ENV_KINDS = tuple(DOMAINS)
+"""The domains (mem1_core.config.domains: one line per domain)."""
 
 
 @dataclass(frozen=True)

@@ -96,3 +96,9 @@ def join_answers(answers: list[str]) -> str:
 def split_answers(text: str) -> list[str]:
     """`a1; a2; …` -> [a1, a2, …] (the paper splits answers on `;`, docs/design.md §6)."""
     return [a.strip() for a in text.split(ANSWER_SEPARATOR)]
+
+
+FORMAT_HINT = (
+    f"[FORMAT] Invalid turn. Write {IS_OPEN} state {IS_CLOSE} then either "
+    f"{QUERY_OPEN} search {QUERY_CLOSE} or {ANSWER_OPEN} answers {ANSWER_CLOSE}."
+)

@@ -43,10 +43,6 @@ def ensure_tasks(cfg: Config, paths: RunPaths, split: str, n: int) -> Path:
     """The composed N-objective tasks of `split` (world: train/test by entity; QA data: the
     sources of DataConfig.question_source; WebShop: the goals of the split's shop,
     mem1_core.webshop.run)."""
-    if cfg.env.kind == "webshop":
-        from mem1_core.webshop.run import ensure_shop_tasks
-
-        return ensure_shop_tasks(cfg, paths, split, n)
     out = paths.task_file(split, n)
     cap = cfg.data.max_train_tasks if split == "train" else cfg.data.eval_tasks(n)
     # A file composed under a smaller cap is composed again: composition is deterministic

@@ -26,8 +26,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from mem1_core.data.metrics import mentions, normalize_answer
 from mem1_core.data.prompts import IS_CLOSE, IS_OPEN, UNKNOWN, split_answers
-from mem1_core.evaluation.metrics import mentions, normalize_answer
 from mem1_core.trajectory.record import Action, Trajectory, Turn
 
 BEHAVIOUR = ("answered", "queries", "distinct_queries", "turns", "turns_budget", "early",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from mem1_core.evaluation.metrics import SCORERS
+from mem1_core.data.metrics import SCORERS
 from mem1_core.evaluation.summary import summarize
 from mem1_core.rollout.generation import HFBackend
 from mem1_core.rollout.loop import Task, rollout

@@ -9,14 +9,14 @@ import json
 import logging
 from pathlib import Path
 
+from mem1_core.domains.inputs import ensure_tokenizer, load_tasks, make_env, prepare
+from mem1_core.domains.registry import domain_of
 from mem1_core.evaluation.headline import build_headline, task_scores, write_headline
 from mem1_core.evaluation.samples import write_samples
 from mem1_core.evaluation.scaling import Agent, evaluate_scaling, scaling_plots
 from mem1_core.evaluation.vllm_cells import choose_player
 from mem1_core.models.model import load_model
-from mem1_core.models.policy import adopt_init_tokenizer, ensure_tokenizer
-from mem1_core.rollout.env import make_env
-from mem1_core.rollout.inputs import load_tasks, prepare
+from mem1_core.models.policy import adopt_init_tokenizer
 from mem1_core.runs import atomic
 from mem1_core.runs.layout import PPO_FULL, PPO_MEM1, SFT_MEM1, WARM_START, RunPaths, resolve_init
 
@@ -162,28 +162,6 @@ def run_objective_scaling(
         "samples": {agent: str(path) for agent, path in samples.items()},
         "table": str(out / "metrics.csv"),
     }
-    if cfg.env.kind == "webshop":  # the domain's stand-in for N: instruction difficulty
-        result["difficulty"] = _webshop_difficulty(cfg, paths, out, [a.name for a in built], ns)
+    result |= domain_of(cfg).evaluation_extras(cfg, paths, out, [a.name for a in built], ns)
     atomic.write_json(result, out / "summary.json")
     return result
-
-
-def _webshop_difficulty(cfg, paths: RunPaths, out: Path, agents: list[str], ns) -> dict[str, str]:
-    """Reward and peak tokens by instruction difficulty (mem1_core.webshop.difficulty), from the
-    cells' trajectories and the test task file's difficulty column."""
-    import pyarrow.parquet as pq
-
-    from mem1_core.data.run_tasks import ensure_tasks
-    from mem1_core.trajectory.record import read_trajectories
-    from mem1_core.webshop.difficulty import write_difficulty
-
-    difficulty: dict[str, int] = {}
-    trajs = {}
-    for n in ns:
-        t = pq.read_table(ensure_tasks(cfg, paths, "test", n), columns=["task_id", "difficulty"])
-        difficulty |= dict(zip(*t.to_pydict().values(), strict=True))
-        for agent in agents:
-            cell = out / "trajectories" / f"{agent}_n{n}.parquet"
-            if cell.is_file():
-                trajs.setdefault(agent, []).extend(read_trajectories(cell))
-    return write_difficulty(trajs, difficulty, out)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mem1_core.evaluation.metrics import unknown_rate
+from mem1_core.data.metrics import unknown_rate
 from mem1_core.rollout.recall import recall_count
 from mem1_core.trajectory.record import Trajectory
 

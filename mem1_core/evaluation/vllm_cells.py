@@ -2,7 +2,7 @@
 
 vLLM cannot live beside Prefect (docs/gpu.md), so an evaluation started from the Prefect venv
 hands the cells it has still to play to a child process under the vLLM venv's Python (found as
-the rollout workers' is: mem1_core.training.rollout_python). The child runs the same
+the rollout workers' is: mem1_core.runs.rollout_python). The child runs the same
 `run_eval` as the Hugging Face path with a `VLLMBackend`: one engine, started on the first
 policy and given each next policy's weights in place (`VLLMBackend.load_state_dict`, as PPO's
 rollouts get the learner's; a policy of another model config gets an engine of its own), reused
@@ -74,7 +74,7 @@ def choose_player(cfg, run_dir: str | Path) -> VLLMCellPlayer | None:
     """The player for `eval.backend`: None (Hugging Face here) for `hf`; for `vllm` the vLLM
     venv's Python, or VLLMUnavailable saying how to get one; for `auto` that Python where it is
     found and imports vLLM, else None, and the log says which."""
-    from mem1_core.training.rollout_python import (
+    from mem1_core.runs.rollout_python import (
         IncompatiblePython,
         probe,
         vllm_python,
@@ -132,7 +132,7 @@ class VLLMCellPlayer:
     """More VLLMBackend.from_pretrained_dir settings over `engine_options` (a benchmark's)."""
 
     def __call__(self, cells: list[Cell], played: Callable[[Cell], None]) -> None:
-        from mem1_core.training.rollout_python import worker_pythonpath
+        from mem1_core.runs.rollout_python import worker_pythonpath
 
         spec = {
             "config": self.cfg.to_dict(),
@@ -263,12 +263,11 @@ def play(spec: dict) -> None:
     weights are replaced by the next policy's where the model is the same (a new engine
     where it is not)."""
     from mem1_core.config.loader import config_from_dict
+    from mem1_core.domains.inputs import ensure_tokenizer, make_env
     from mem1_core.evaluation.evaluate import run_eval
     from mem1_core.evaluation.summary import summarize
-    from mem1_core.models.policy import ensure_tokenizer
     from mem1_core.models.tags import tag_scheme
     from mem1_core.models.tokenizer import load_tokenizer
-    from mem1_core.rollout.env import make_env
     from mem1_core.rollout.generation_vllm import VLLMBackend
     from mem1_core.rollout.loop import Task
     from mem1_core.runs.layout import RunPaths

@@ -20,13 +20,17 @@ first unplayed cell (mem1_core.evaluation.scaling's cell records).
 from __future__ import annotations
 
 import json
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mem1_core.experiment.spec import PLAIN, ExperimentSpec, arm_subdir, warm_start_subdir
 from mem1_core.runs.atomic import write_json
 from mem1_core.runs.layout import WARM_START, RunPaths
 
+ROOT = Path(__file__).resolve().parents[2]
+"""The repository the code runs from."""
 SPEC_FILE = "experiment.json"
 """A run's record: its experiment's settings and resolved config."""
 
@@ -56,10 +60,21 @@ def training_changes(old: dict, new: dict) -> list[str]:
 def _record(spec: ExperimentSpec, cfg) -> dict:
     """The run's record: its experiment, resolved config, and the commit its last start ran."""
     from mem1_core.config import config_json
-    from mem1_core.experiment.records import code_commit
 
     return {"experiment": spec.to_dict(), "config": json.loads(config_json(cfg)),
             "code": code_commit()}  # fmt: skip
+
+
+def code_commit(root: Path = ROOT) -> dict[str, Any]:
+    """The commit the code runs from, and whether tracked files differ from it."""
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "-uno"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+    return {"commit": head, "dirty": bool(dirty)}
 
 
 def check_run_dir(run_dir: Path, spec: ExperimentSpec, cfg) -> None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +35,6 @@ from typing import Any
 
 RECORDS_SCHEMA = 1
 MANIFEST, RECORD, TASKS, SAMPLES = "manifest.json", "records.json", "tasks.jsonl", "samples.jsonl"
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class RecordsError(ValueError):
@@ -131,18 +129,6 @@ def policy_hash(run_or_policy: str | Path, seen: dict[str, str | None] | None = 
     return got
 
 
-def code_commit(root: Path = ROOT) -> dict[str, Any]:
-    """The commit the code runs from, and whether tracked files differ from it."""
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
-                              text=True, timeout=10, check=True).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "-uno"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
-    return {"commit": head, "dirty": bool(dirty)}
-
-
 def training_settings(cfg) -> dict[str, Any]:
     """The flattened config fields that decide what an arm trains: not the seed (parts differ
     there by design), nor the evaluation-only sections and NEUTRAL fields of a run record."""
@@ -191,13 +177,13 @@ def export_run(run_dir: str | Path, samples: int = 0) -> Records:
         agent_dir,
         agent_names,
         arm_runs,
+        code_commit,
         eval_worlds,
         split_agent,
         stage_status,
         warm_start_dir,
         world_dirs,
     )
-    from mem1_core.experiment.report import read_curve
     from mem1_core.experiment.walls import StageWalls
 
     run_dir = Path(run_dir)
@@ -264,6 +250,21 @@ def export_run(run_dir: str | Path, samples: int = 0) -> Records:
         "source": str(run_dir),
     })  # fmt: skip
     return out
+
+
+def read_curve(run_dir: Path) -> list[dict[str, Any]]:
+    """One row per PPO iteration of an arm run: sampled reward, KL to the start, the held-out
+    EM at the training N (`eval/reward`) and at longer N (`eval/n<N>/reward`)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    keep = ("iteration", "reward", "kl", "eval/reward", "seconds")
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [
+        {k: r[k] for k in r if k in keep or (k.startswith("eval/n") and k.endswith("/reward"))}
+        for r in rows
+        if "iteration" in r
+    ]
 
 
 def _sample(world: int, agent: str, seed, n: int, row: dict) -> dict[str, Any]:

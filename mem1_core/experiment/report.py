@@ -4,7 +4,6 @@ curves per seed, and EM and peak tokens against N per world with error bars."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -271,21 +270,6 @@ def walls_markdown(h: dict[str, Any]) -> str:
 
 
 # ---- curves -------------------------------------------------------------------------------
-
-
-def read_curve(run_dir: Path) -> list[dict[str, Any]]:
-    """One row per PPO iteration of an arm run: sampled reward, KL to the start, the held-out
-    EM at the training N (`eval/reward`) and at longer N (`eval/n<N>/reward`)."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    keep = ("iteration", "reward", "kl", "eval/reward", "seconds")
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    return [
-        {k: r[k] for k in r if k in keep or (k.startswith("eval/n") and k.endswith("/reward"))}
-        for r in rows
-        if "iteration" in r
-    ]
 
 
 def plot_curves(

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from mem1_core.experiment.headline import POOLED
-from mem1_core.experiment.records import MANIFEST, ROOT
+from mem1_core.experiment.plan import ROOT
+from mem1_core.experiment.records import MANIFEST
 
 RESULTS_DIR = ROOT / "results"
 DOC_PAGES = (ROOT / "README.md", ROOT / "docs" / "results.md")

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 EXPERIMENTS_DIR = Path(__file__).resolve().parents[2] / "data" / "experiments"
 """The repository's `data/experiments/` (overridden by the `MEM1_EXPERIMENTS` variable)."""
 
@@ -285,12 +287,11 @@ class ExperimentSpec:
         if agent in self.arms:
             return self.arms[agent].memory
         ws = self.warm_start_agents().get(agent, PLAIN)
-        if ws == PLAIN or not any(o.startswith("rollout.memory=") for o in
-                                  self.warm_starts[ws].overrides):  # fmt: skip
+        own = [] if ws == PLAIN else [o.partition("=")[2] for o in self.warm_starts[ws].overrides
+                                      if o.startswith("rollout.memory=")]  # fmt: skip
+        if not own:
             return WARM_START_MEMORY
-        from mem1_core.experiment.configs import warm_start_config
-
-        return warm_start_config(self, ws).rollout.memory
+        return str(yaml.safe_load(own[-1]))  # the loader's reading of a `set:` value
 
     def seeds(self, agent: str) -> tuple[int | None, ...]:
         """The training seeds an agent is evaluated under (a warm start: one, None)."""

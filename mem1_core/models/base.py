@@ -45,8 +45,7 @@ def tokenizer_hash(tok) -> str:
 
 def format_fingerprint() -> dict:
     """What a base must agree with to read and write the format the code uses now."""
-    from mem1_core.data.prompts import TAGS, task_prompt, turns_left_hint
-    from mem1_core.rollout.env import FORMAT_HINT
+    from mem1_core.data.prompts import FORMAT_HINT, TAGS, task_prompt, turns_left_hint
 
     prompt = task_prompt(["A?", "B?"])  # the instructions and the prompt's template
     text = "\n".join([prompt, turns_left_hint(3), turns_left_hint(1), FORMAT_HINT])

@@ -1,55 +1,19 @@
-"""A run's tokenizer and starting policy, made by the stage that first needs them: the hub
-model's or the shipped base's tokenizer, else one trained on the run's world; a policy's own
-tokenizer adopted by the run that starts from it; the initial policy (hub model, shipped base,
-or the tiny model from config)."""
+"""A run's starting policy: a policy's own tokenizer adopted by the run that starts from it; the
+initial policy (hub model, shipped base, or the tiny model from config). The run's tokenizer is
+made by mem1_core.domains.inputs.ensure_tokenizer (a tiny one is fitted on its domain's texts)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import torch
 
 from mem1_core.config import Config
-from mem1_core.data.prompts import task_prompt
-from mem1_core.data.run_tasks import ensure_world
 from mem1_core.models.model import build_tiny_model, load_model
-from mem1_core.models.tokenizer import load_tokenizer, train_tiny_tokenizer
+from mem1_core.models.tokenizer import load_tokenizer
 from mem1_core.runs.atomic import atomic_dir
 from mem1_core.runs.layout import RunPaths
-
-
-def ensure_tokenizer(cfg: Config, paths: RunPaths):
-    """The run's tokenizer: a hub model's; else the base's (`model.base`: one tokenizer for
-    every run and world); else the tiny tokenizer trained on the world corpus and prompts (on
-    the training shop's text and pages for WebShop)."""
-    if (paths.tokenizer / ADOPTED).is_file():  # a policy's own: the profile's model yields
-        return load_tokenizer(paths.tokenizer)
-    if cfg.model.name_or_path is not None:
-        return load_tokenizer(cfg.model.name_or_path)
-    if cfg.model.base is not None:
-        from mem1_core.models.base import check_base, resolve_base
-
-        check_base(cfg.model.base)
-        adopt_init_tokenizer(cfg, paths, resolve_base(cfg.model.base))
-        return load_tokenizer(paths.tokenizer)
-    if not (paths.tokenizer / "tokenizer.json").exists() and cfg.env.kind == "webshop":
-        from mem1_core.webshop.run import training_shop_texts
-
-        tok = train_tiny_tokenizer(training_shop_texts(cfg, paths), cfg.model.tokenizer_vocab)
-        with atomic_dir(paths.tokenizer) as tmp:
-            tok.save_pretrained(tmp)
-    if not (paths.tokenizer / "tokenizer.json").exists():
-        world = ensure_world(cfg, paths)
-        corpus = pq.read_table(world / "corpus.parquet")["contents"].to_pylist()
-        questions = pq.read_table(world / "questions.parquet")["question"].to_pylist()
-        prompts = [task_prompt(questions[i : i + 2]) for i in range(0, len(questions), 2)]
-        tok = train_tiny_tokenizer(corpus + prompts, cfg.model.tokenizer_vocab)
-        with atomic_dir(paths.tokenizer) as tmp:
-            tok.save_pretrained(tmp)
-    return load_tokenizer(paths.tokenizer)
-
 
 ADOPTED = "mem1-adopted-from"
 """A file in the run's tokenizer directory naming the policy it was copied from: that run

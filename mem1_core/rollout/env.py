@@ -6,28 +6,21 @@ the last turn only an answer ends the episode with a reward; anything else ends 
 reward 0 (the budget is exhausted). Under a recall memory (`mem1+recall`) a `recall: …` query
 is answered from the trajectory's own earlier blocks instead (mem1_core.rollout.recall).
 
-`make_env` builds the environment a run's `env.kind` names (`qa` here, `webshop` in
-mem1_core.webshop.env).
+The QA domain (mem1_core.domains.qa) builds it with `qa_environment`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from mem1_core.data.metrics import mentions, score_answer
 from mem1_core.data.prompts import (
-    ANSWER_CLOSE,
-    ANSWER_OPEN,
+    FORMAT_HINT,
     INFO_CLOSE,
     INFO_OPEN,
-    IS_CLOSE,
-    IS_OPEN,
-    QUERY_CLOSE,
-    QUERY_OPEN,
     keep_answers_prompt,
     progress_hint,
 )
-from mem1_core.evaluation.metrics import mentions, score_answer
 from mem1_core.models.tags import TagCodec
 from mem1_core.retrieval import Hit, Retriever
 from mem1_core.rollout.environment import (
@@ -46,20 +39,13 @@ if TYPE_CHECKING:
     from mem1_core.runs.layout import RunPaths
 
 __all__ = [
-    "FORMAT_HINT",
     "NO_RESULTS",
     "STOP_TAGS",
     "Parsed",
     "QAEnvironment",
     "format_passages",
     "info_body",
-    "make_env",
 ]
-
-FORMAT_HINT = (
-    f"[FORMAT] Invalid turn. Write {IS_OPEN} state {IS_CLOSE} then either "
-    f"{QUERY_OPEN} search {QUERY_CLOSE} or {ANSWER_OPEN} answers {ANSWER_CLOSE}."
-)
 
 
 def format_passages(hits: list[Hit]) -> str:
@@ -160,7 +146,11 @@ class QAEnvironment(Environment):
         return score_answer(answer, golden)
 
 
-def _qa_env(cfg: Config, paths: RunPaths, tokenizer, retriever: Retriever | None) -> Environment:
+def qa_environment(
+    cfg: Config, paths: RunPaths, tokenizer, retriever: Retriever | None = None
+) -> Environment:
+    """The QA environment of a run: its tokenizer and its retriever (the run's index, a server
+    at `retrieval.url`, or the one given)."""
     from mem1_core.retrieval.run_index import make_retriever
 
     return QAEnvironment(
@@ -171,24 +161,3 @@ def _qa_env(cfg: Config, paths: RunPaths, tokenizer, retriever: Retriever | None
         keep_answers_prompt=cfg.rollout.keep_answers_prompt,
         progress_hint=cfg.rollout.progress_hint,
     )
-
-
-def _webshop_env(
-    cfg: Config, paths: RunPaths, tokenizer, retriever: Retriever | None
-) -> Environment:
-    from mem1_core.webshop.run import make_webshop_env
-
-    return make_webshop_env(cfg, paths, tokenizer)
-
-
-ENVIRONMENTS: dict[str, Callable[..., Environment]] = {"qa": _qa_env, "webshop": _webshop_env}
-"""`env.kind` -> the builder of that domain's environment (cfg, paths, tokenizer, retriever)."""
-
-
-def make_env(
-    cfg: Config, paths: RunPaths, tokenizer, retriever: Retriever | None = None
-) -> Environment:
-    """The environment of a run, of the domain `env.kind` names. QA: its tokenizer and its
-    retriever (the run's index, a server at `retrieval.url`, or the one given). WebShop: the
-    run's shops (mem1_core.webshop.env)."""
-    return ENVIRONMENTS[cfg.env.kind](cfg, paths, tokenizer, retriever)

@@ -7,7 +7,7 @@
   indexes/              retrieval indexes, one per corpus fingerprint and kind
   teacher_worlds/       extra worlds of fresh names for the teacher's SFT data
                         (sft.teacher_worlds), each laid out like a run directory
-  checkpoints/iter_{K:06d}/   training state after K iterations (mem1_core.runs.checkpoint)
+  checkpoints/iter_{K:06d}/   training state after K iterations (mem1_core.training.checkpoint)
   trajectories/iter_{i:06d}.parquet   a training run's iteration i trajectories
   eval/iter_{i:06d}.parquet           its greedy held-out trajectories, when evaluated
   metrics.jsonl         one JSON line per training iteration, rewritten atomically
@@ -29,7 +29,7 @@ from typing import Any
 
 from mem1_core.runs.atomic import write_text
 
-# Checkpoint directory names (their contents: mem1_core.runs.checkpoint). Here, not there, so
+# Checkpoint directory names (their contents: mem1_core.training.checkpoint). Here, not there, so
 # that finding a run's checkpoints imports no torch: `prefect deploy` and a flow run's start
 # import the flows, which import this module (torch there cost 20 s of imports per deploy).
 PREFIX = "iter_"

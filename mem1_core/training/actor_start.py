@@ -83,10 +83,11 @@ def start_runtime(
         return Runtime(workers, [Learner(cfg, root, init_s)], remote=False)
     import ray
 
+    from mem1_core.domains.registry import domain_of
     from mem1_core.retrieval.ray_actor import start_retriever_actor
     from mem1_core.retrieval.run_index import ensure_run_index
 
-    index = None if cfg.retrieval.url or cfg.env.kind != "qa" else ensure_run_index(cfg, paths)
+    index = ensure_run_index(cfg, paths) if domain_of(cfg).uses_index(cfg) else None
     # Not reused: an FSDP group (its process group) and vLLM engines (a second engine in
     # the same process would not get the first one's GPU memory back).
     reusable = not fsdp and backend != "vllm"

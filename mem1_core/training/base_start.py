@@ -18,12 +18,10 @@ from mem1_core.runs import atomic
 
 def start_from_base(cfg, out_dir: str | Path, assets_dir: str | Path, *, memory: str) -> dict:
     """Copy the checked base to `<out>/policy` and score it on the run's held-out tasks."""
+    from mem1_core.domains.inputs import ensure_tokenizer, load_tasks, make_env, prepare
     from mem1_core.evaluation.evaluate import evaluate_policy
     from mem1_core.models.base import check_base, resolve_base
     from mem1_core.models.model import load_model
-    from mem1_core.models.policy import ensure_tokenizer
-    from mem1_core.rollout.env import make_env
-    from mem1_core.rollout.inputs import load_tasks, prepare
     from mem1_core.runs.layout import RunPaths
 
     t0 = time.perf_counter()

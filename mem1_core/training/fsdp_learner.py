@@ -61,7 +61,7 @@ from mem1_core.models.model import DTYPES
 from mem1_core.rl.batch import Models, cut_length
 from mem1_core.rl.critic import Critic
 from mem1_core.rl.passes import Split
-from mem1_core.runs.checkpoint import set_rng_state
+from mem1_core.training.checkpoint import set_rng_state
 from mem1_core.training.fsdp import full_state_dict, rank_rows, shard_critic, shard_policy
 from mem1_core.training.learner import Learner, checkpoint_activations
 from mem1_core.training.placement import memory_option

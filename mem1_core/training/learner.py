@@ -21,23 +21,24 @@ import torch
 from torch import nn
 
 from mem1_core.config import Config
+from mem1_core.domains.inputs import ensure_tokenizer
 from mem1_core.models.model import enable_gradient_checkpointing, master_weights
-from mem1_core.models.policy import ensure_tokenizer, load_policy
+from mem1_core.models.policy import load_policy
 from mem1_core.rl.batch import Models
 from mem1_core.rl.critic import VALUE_HEAD_FILE, Critic, check_critic_layers
 from mem1_core.rl.estimators import get_estimator
 from mem1_core.rl.kl_control import KL_CONTROLLERS
 from mem1_core.rl.passes import LOCAL, NonFiniteGuard, Split, UpdateSettings
 from mem1_core.rl.ppo import update
-from mem1_core.runs.checkpoint import (
+from mem1_core.runs.layout import RunPaths
+from mem1_core.training.actor_pool import drop_state
+from mem1_core.training.checkpoint import (
     STATE_FILE,
     TrainState,
     load_checkpoint,
     read_state,
     save_checkpoint,
 )
-from mem1_core.runs.layout import RunPaths
-from mem1_core.training.actor_pool import drop_state
 from mem1_core.training.ray_start import actor_device, set_threads
 from mem1_core.trajectory.record import Trajectory
 
@@ -168,7 +169,7 @@ class Learner:
         return {k: v.detach().cpu() for k, v in self.models.policy.state_dict().items()}
 
     def save(self, state: TrainState) -> str:
-        """Write a checkpoint (atomically, mem1_core.runs.checkpoint). -> its path ("" on a
+        """Write a checkpoint (atomically, mem1_core.training.checkpoint). -> its path ("" on a
         process that does not write it)."""
         parts = self._checkpoint_parts()
         if parts is None:

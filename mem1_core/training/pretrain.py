@@ -57,9 +57,8 @@ def text_loss(model, rows: list[list[int]], pad_id: int) -> torch.Tensor:
 def held_out(model, tok, cfg, root: Path, seeds: tuple[int, ...], ns: tuple[int, ...], tasks: int):
     """Greedy EM fraction (and its standard error) of the model under MEM1 memory on
     `tasks` test-split tasks per N of each world in `seeds` (worlds no round trained on)."""
+    from mem1_core.domains.inputs import load_tasks, make_env
     from mem1_core.evaluation.evaluate import run_eval
-    from mem1_core.rollout.env import make_env
-    from mem1_core.rollout.inputs import load_tasks
     from mem1_core.runs.layout import RunPaths
 
     out = {}
@@ -107,8 +106,9 @@ def _git_commit() -> str:
 
 def pretrain(cfg, out_dir: str | Path, *, resume: bool = False, progress: bool = True) -> dict:
     """Train the base into `<out>/base` with `<out>/base/manifest.json`; resumable."""
+    from mem1_core.domains.inputs import ensure_tokenizer
     from mem1_core.models.model import build_tiny_model, count_parameters, load_model, save_model
-    from mem1_core.models.policy import adopt_init_tokenizer, ensure_tokenizer
+    from mem1_core.models.policy import adopt_init_tokenizer
     from mem1_core.runs.layout import RunPaths
     from mem1_core.training.sft import lr_at, sft_loss
 

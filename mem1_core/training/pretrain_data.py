@@ -70,7 +70,7 @@ def build_source(cfg, tok, root: Path, seed: int, pcfg) -> Source:
     from mem1_core.data.compose import compose
     from mem1_core.data.qa_data import world_questions
     from mem1_core.data.run_tasks import ensure_world
-    from mem1_core.rollout.env import make_env
+    from mem1_core.domains.inputs import make_env
     from mem1_core.rollout.loop import tasks_from_table
     from mem1_core.runs.layout import RunPaths
     from mem1_core.training.sft import teacher_trajectories

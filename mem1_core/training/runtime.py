@@ -46,9 +46,9 @@ from typing import Any
 
 from mem1_core.config import Config
 from mem1_core.rollout.loop import Task
-from mem1_core.runs.checkpoint import TrainState
 from mem1_core.runs.faults import ActorLost
 from mem1_core.training import actor_pool
+from mem1_core.training.checkpoint import TrainState
 from mem1_core.training.placement import Placement, alive_nodes, fit_error
 from mem1_core.training.workers import WeightsOutOfDate
 from mem1_core.trajectory.record import Trajectory

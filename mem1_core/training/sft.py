@@ -45,7 +45,9 @@ NO_TEACHER = (
 def has_teacher(cfg) -> bool:
     """Whether the run's tasks have teacher trajectories to learn from (SFT needs them): the
     world's tasks, and WebShop's goals."""
-    return cfg.env.kind == "webshop" or cfg.data.source == "world"
+    from mem1_core.domains.registry import domain_of
+
+    return domain_of(cfg).has_teacher(cfg)
 
 
 def has_warm_start(cfg) -> bool:
@@ -290,13 +292,12 @@ def train_sft(
     With `resume`, a finished run (its `policy/` and `result.json`) is returned as it is.
     The run's shared assets (world, tasks, tokenizer, index) live in `assets_dir`
     (default: `out_dir`)."""
-    from mem1_core.data.run_tasks import teacher_world
+    from mem1_core.domains.inputs import ensure_tokenizer, load_tasks, make_env, prepare
+    from mem1_core.domains.registry import domain_of
     from mem1_core.evaluation.evaluate import evaluate_policy
     from mem1_core.evaluation.summary import numeric_metrics
     from mem1_core.models.model import load_model
-    from mem1_core.models.policy import adopt_init_tokenizer, ensure_tokenizer, initial_policy
-    from mem1_core.rollout.env import make_env
-    from mem1_core.rollout.inputs import load_tasks, prepare
+    from mem1_core.models.policy import adopt_init_tokenizer, initial_policy
     from mem1_core.runs.layout import RunPaths
 
     out = Path(out_dir).resolve()
@@ -323,10 +324,8 @@ def train_sft(
     )
     memory = memory or cfg.rollout.memory
     sources = [(cfg, paths, env)]
-    if cfg.data.source == "world" and cfg.env.kind == "qa":
-        for k in range(cfg.sft.teacher_worlds):
-            sub_cfg, sub_paths = teacher_world(cfg, paths, k)
-            sources.append((sub_cfg, sub_paths, make_env(sub_cfg, sub_paths, tok)))
+    for sub_cfg, sub_paths in domain_of(cfg).teacher_sources(cfg, paths, tok):
+        sources.append((sub_cfg, sub_paths, make_env(sub_cfg, sub_paths, tok)))
     per_source = max(1, cfg.sft.n_teacher_tasks // (len(ns) * len(sources)))
     trajs: list[Trajectory] = []
     fresh: list[bool] = []  # from an extra world: safe for the context loss

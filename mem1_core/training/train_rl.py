@@ -51,24 +51,24 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from mem1_core.config import Config
+from mem1_core.domains.inputs import load_tasks, prepare
 from mem1_core.evaluation.summary import training_summary
 from mem1_core.models.policy import adopt_init_tokenizer
 from mem1_core.retrieval.client import RetrieverUnavailable
 from mem1_core.rl.estimators import get_estimator
-from mem1_core.rollout.inputs import load_tasks, prepare
 from mem1_core.rollout.loop import Task
 from mem1_core.runs.atomic import write_text
-from mem1_core.runs.checkpoint import (
+from mem1_core.runs.faults import ActorLost, DiskFull, RunStopped, root_cause
+from mem1_core.runs.layout import RunPaths, resolve_init
+from mem1_core.runs.progress import Progress as StageProgress
+from mem1_core.training.actor_start import start_runtime
+from mem1_core.training.checkpoint import (
     TrainState,
     latest_checkpoint,
     latest_intact_checkpoint,
     read_state,
     remove_partial,
 )
-from mem1_core.runs.faults import ActorLost, DiskFull, RunStopped, root_cause
-from mem1_core.runs.layout import RunPaths, resolve_init
-from mem1_core.runs.progress import Progress as StageProgress
-from mem1_core.training.actor_start import start_runtime
 from mem1_core.training.runtime import PendingRollout, Runtime
 from mem1_core.trajectory.record import Trajectory, write_trajectories
 

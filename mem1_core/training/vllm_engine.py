@@ -6,7 +6,7 @@ policy, else the initial policy saved once under `<run>/vllm_init/`; every weigh
 goes into the running engine (VLLMBackend.load_state_dict), never through the disk. vLLM
 lives in a venv of its own (docs/gpu.md): a run started from it has vLLM in every process; a
 run started from the Prefect venv (the flows) runs only its rollout workers under that venv's
-Python (mem1_core.training.rollout_python).
+Python (mem1_core.runs.rollout_python).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from mem1_core.models.model import save_model
 from mem1_core.models.policy import initial_policy
 from mem1_core.models.tags import tag_scheme
 from mem1_core.runs.layout import RunPaths
-from mem1_core.training.rollout_python import rollout_runtime_env, vllm_python
+from mem1_core.runs.rollout_python import rollout_runtime_env, vllm_python
 
 log = logging.getLogger(__name__)
 VLLM_INIT_DIR = "vllm_init"
@@ -48,7 +48,7 @@ def vllm_importable() -> bool:
 def choose_backend(cfg: Config, *, use_ray: bool = True) -> str:
     """The generation backend the rollout workers run, `hf` or `vllm`: `rollout.backend`, or
     for `auto` vllm where vLLM can be imported, or (with Ray) where a vLLM venv's Python is
-    there for the rollout workers (mem1_core.training.rollout_python), else hf. Decided once,
+    there for the rollout workers (mem1_core.runs.rollout_python), else hf. Decided once,
     by the driver, and handed to every worker beside the config (the config itself still
     says `auto`: it is never rewritten after loading, so a run's record keeps what the user asked for)."""
     if cfg.rollout.backend != "auto":
@@ -73,7 +73,7 @@ def require_vllm(backend: str, *, elsewhere: bool = False) -> None:
 def rollout_workers_env(cfg: Config, use_ray: bool, backend: str | None = None) -> dict | None:
     """The Ray runtime env of the rollout workers: None (the driver's own Python) unless they
     generate with vLLM (`backend`, default: choose_backend), run on Ray and this Python cannot
-    import vLLM; then the vLLM venv's Python (mem1_core.training.rollout_python), or None if
+    import vLLM; then the vLLM venv's Python (mem1_core.runs.rollout_python), or None if
     there is none (require_vllm says so)."""
     backend = backend or choose_backend(cfg, use_ray=use_ray)
     if backend != "vllm" or not use_ray or vllm_importable():

@@ -11,7 +11,7 @@ restarted between two calls holds its initial policy and would otherwise sample 
 silently.
 
 A worker may run under another Python than the driver's (the vLLM venv's, when the driver
-cannot import vLLM: mem1_core.training.rollout_python); `describe` says which, and with what.
+cannot import vLLM: mem1_core.runs.rollout_python); `describe` says which, and with what.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from mem1_core.config import Config
-from mem1_core.models.policy import ensure_tokenizer, load_policy
-from mem1_core.rollout.env import make_env
+from mem1_core.domains.inputs import ensure_tokenizer, make_env
+from mem1_core.models.policy import load_policy
 from mem1_core.rollout.generation import HFBackend
 from mem1_core.rollout.loop import Task, rollout
 from mem1_core.runs.layout import RunPaths

@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mem1_core.evaluation.metrics import dependency, peak_tokens
+from mem1_core.data.metrics import dependency, peak_tokens
 from mem1_core.runs import atomic
 from mem1_core.trajectory.tree import Segment
 

@@ -42,12 +42,11 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
     import torch
 
+    from mem1_core.domains.inputs import ensure_tokenizer, load_tasks, make_env, prepare
     from mem1_core.evaluation.summary import summarize
     from mem1_core.models.model import load_model
-    from mem1_core.models.policy import adopt_init_tokenizer, ensure_tokenizer, initial_policy
-    from mem1_core.rollout.env import make_env
+    from mem1_core.models.policy import adopt_init_tokenizer, initial_policy
     from mem1_core.rollout.generation import HFBackend
-    from mem1_core.rollout.inputs import load_tasks, prepare
     from mem1_core.rollout.loop import rollout
     from mem1_core.runs.layout import RunPaths
     from mem1_core.trajectory.record import write_trajectories
