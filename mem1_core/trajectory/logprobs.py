@@ -156,7 +156,7 @@ def logprobs_from_hidden(
     # Only the n asked-for rows go through the vocabulary projection: (n, V), not (B, L, V),
     # and that in chunks (vocab_logprobs).
     logp, entropy = vocab_logprobs(
-        hidden[rows, prev_index[rows, cols]],
+        take_rows(hidden.flatten(0, 1), rows * hidden.shape[1] + prev_index[rows, cols]),
         input_ids[rows, cols],
         lm_head,
         temperature,
@@ -277,6 +277,19 @@ def _drops_cache(decoder: nn.Module) -> bool:
     )
 
 
+def take_rows(x: Tensor, index: Tensor) -> Tensor:
+    """`x[index]` for a long `index` of any shape into x's first dimension, taken with
+    `index_select` so that its backward is deterministic. x: (N, ...) -> (*index.shape, ...).
+
+    The backward of `x[index]` is `index_put_(..., accumulate=True)`, which on CPU (float32,
+    more than one thread, 32768 elements or more) adds the rows with float atomics from every
+    thread: where `index` repeats a row (a trunk's keys/values read by several branch rows,
+    padding homed on one slot) the sum's order, and so its last bits, change from run to run,
+    and a learner update with two threads was not reproducible. `index_select`'s backward,
+    `index_add_`, adds a repeated row's gradients in index order on CPU."""
+    return x.index_select(0, index.reshape(-1)).view(*index.shape, *x.shape[1:])
+
+
 def _shared_prefix_hidden(decoder: nn.Module, batch: FlatBatch, plan: PrefixPlan) -> Tensor:
     """Trunk stage, then each group of branch rows over the trunk's cached keys/values
     (shared_prefix.SharedPrefix). Gradients flow through the cache into the trunk, as in one pass."""
@@ -301,7 +314,7 @@ def _shared_prefix_hidden(decoder: nn.Module, batch: FlatBatch, plan: PrefixPlan
     for index, row_batch, mask in zip(split.rows, split.row_batch, plan.branch_masks, strict=True):
         cache = None
         if trunk_kv is not None:
-            kv = [(k[row_batch], v[row_batch]) for k, v in trunk_kv]
+            kv = [(take_rows(k, row_batch), take_rows(v, row_batch)) for k, v in trunk_kv]
             cache = DynamicCache(ddp_cache_data=kv, config=decoder.config)
         real, at = index >= 0, index.clamp(min=0)
         hidden = decoder(
@@ -312,7 +325,7 @@ def _shared_prefix_hidden(decoder: nn.Module, batch: FlatBatch, plan: PrefixPlan
             use_cache=cache is not None,
         ).last_hidden_state
         outs.append(hidden.reshape(index.numel(), -1))
-    return torch.cat(outs)[split.home]
+    return take_rows(torch.cat(outs), split.home)
 
 
 def forward_tree(
