@@ -1,5 +1,5 @@
 """What following a run costs the Prefect server: its CPU seconds per minute while the
-launcher's follower (`deployments.launch.follow`) asks it every `--every` seconds (the run's
+launcher's follower (`deployments.follow.follow`) asks it every `--every` seconds (the run's
 state, its subflow runs, their new log lines), against no follower at all, side by side on one
 server in one process.
 
@@ -53,7 +53,7 @@ def main() -> None:
         from prefect.client.orchestration import get_client
         from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 
-        from deployments import launch
+        from deployments import follow
 
         name, stop = f"poll-{uuid4().hex[:8]}", threading.Event()
 
@@ -92,7 +92,7 @@ def main() -> None:
                     time.sleep(args.seconds)
                 else:
                     try:
-                        launch.follow(run_id, timeout=args.seconds, server_every=every)
+                        follow.follow(run_id, timeout=args.seconds, server_every=every)
                     except TimeoutError:
                         pass
                 minutes = (time.monotonic() - t0) / 60

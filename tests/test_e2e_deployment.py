@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from deployments import launch
+from deployments import follow, launch
 from deployments.processes import alive, descendants, stop_process_tree
 from flows.pipeline import PIPELINE, STAGES, StageResult, headline_rows
 from mem1_core.evaluation.run_summary import render_summary
@@ -110,7 +110,7 @@ def test_summary_reports_only_the_stages_that_ran():
         assert f"| {name} | not run | |" in md
         assert f"| {name} | " not in md.split("Every stage's numbers")[1]
 
-    table = launch.headline_table(_summary(ran))
+    table = follow.headline_table(_summary(ran))
     assert re.search(r"compose-tasks\s+train_n2 tasks\s+64", table)
 
 

@@ -1,4 +1,4 @@
-"""The launcher's follower (`deployments.launch.follow`) against a real Prefect server: every
+"""The launcher's follower (`deployments.follow.follow`) against a real Prefect server: every
 log line of a run and of each of its subflow runs printed once, including subflows that begin
 and log between two of its polls, while it asks the server only every few seconds."""
 
@@ -11,7 +11,7 @@ from uuid import uuid4
 import pytest
 from test_e2e_deployment import _client, needs_server
 
-from deployments import launch
+from deployments import follow
 
 
 @pytest.mark.server
@@ -51,7 +51,7 @@ def test_follow_prints_each_line_of_the_run_and_its_subflows_once(capsys):
                 time.sleep(0.2)
         assert run_id is not None, "the flow run never appeared"
         t0 = time.monotonic()
-        final = launch.follow(run_id, timeout=300, server_every=3.0)
+        final = follow.follow(run_id, timeout=300, server_every=3.0)
         assert time.monotonic() - t0 < 300
     finally:
         thread.join(timeout=300)

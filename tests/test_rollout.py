@@ -14,7 +14,8 @@ from conftest import MALFORMED_TURNS
 from mem1_core.config import ModelConfig, RolloutConfig
 from mem1_core.models.model import build_tiny_model
 from mem1_core.rollout.env import QAEnvironment
-from mem1_core.rollout.generation import HFBackend, SamplingParams, TurnCache
+from mem1_core.rollout.generation import HFBackend, SamplingParams
+from mem1_core.rollout.kv_cache import TurnCache
 from mem1_core.rollout.loop import rollout
 from mem1_core.trajectory.logprobs import per_turn_logprobs, token_logprobs
 from mem1_core.trajectory.record import (
@@ -298,7 +299,7 @@ def test_prefill_chunks_are_the_cheapest_grouping_of_all():
     rows times its longest row plus a forward's overhead."""
     import random
 
-    from mem1_core.rollout.generation import prefill_chunks
+    from mem1_core.rollout.kv_cache import prefill_chunks
 
     def partitions(items):
         if not items:
@@ -331,7 +332,7 @@ def test_prefill_in_length_chunks_equals_each_context_alone(model, env, small_ta
     and values laid into one batch cache), some with reused prefixes: each row's greedy ids and
     log-probs equal that context generated alone (batch of one: no pad, no chunk)."""
     from mem1_core.rollout import generation
-    from mem1_core.rollout.generation import prefill_chunks
+    from mem1_core.rollout.kv_cache import prefill_chunks
 
     def split_with_pads(new):
         for overhead in range(1, max(new) * len(new)):
@@ -386,16 +387,16 @@ def test_turn_cache_takes_a_share_of_the_memory_free_where_the_model_runs(model,
     MEM1 WebShop rows; where the free memory cannot be read, the old GiB."""
     import psutil
 
-    from mem1_core.rollout import generation
+    from mem1_core.rollout import kv_cache
 
     backend = HFBackend(model, 0)
-    free = generation.free_memory_bytes(torch.device("cpu"))
+    free = kv_cache.free_memory_bytes(torch.device("cpu"))
     assert abs(free - psutil.virtual_memory().available) < 0.05 * free
-    monkeypatch.setattr(generation, "free_memory_bytes", lambda device: 8 * 2**30)
-    assert backend.turn_cache().max_bytes == 8 * 2**30 * generation.TURN_CACHE_SHARE
-    monkeypatch.setattr(generation, "free_memory_bytes", lambda device: None)
-    assert backend.turn_cache().max_bytes == generation.TURN_CACHE_FALLBACK
-    assert generation.free_memory_bytes(torch.device("meta")) is None
+    monkeypatch.setattr(kv_cache, "free_memory_bytes", lambda device: 8 * 2**30)
+    assert backend.turn_cache().max_bytes == 8 * 2**30 * kv_cache.TURN_CACHE_SHARE
+    monkeypatch.setattr(kv_cache, "free_memory_bytes", lambda device: None)
+    assert backend.turn_cache().max_bytes == kv_cache.TURN_CACHE_FALLBACK
+    assert kv_cache.free_memory_bytes(torch.device("meta")) is None
 
 
 def test_decode_layer_holds_what_a_dynamic_layer_holds():
@@ -404,11 +405,11 @@ def test_decode_layer_holds_what_a_dynamic_layer_holds():
     after token past its room, a batch selection and a crop."""
     from transformers.cache_utils import DynamicLayer
 
-    from mem1_core.rollout.generation import _DecodeLayer
+    from mem1_core.rollout.kv_cache import DecodeLayer
 
     g = torch.Generator().manual_seed(0)
     for dtype in (None, torch.bfloat16):
-        ours, ref = _DecodeLayer(dtype), DynamicLayer()
+        ours, ref = DecodeLayer(dtype), DynamicLayer()
 
         def step(m, ours=ours, ref=ref, dtype=dtype):
             B = ref.keys.shape[0] if ref.is_initialized else 3
