@@ -220,8 +220,7 @@ def test_a_merge_refuses_what_does_not_pair_in_one_line(runs):
     b = export_run(root / "seed1")
     b.starts["plain"]["weights_hash"] = "f" * 64
     _one_line([a, b], "seed1: starts.plain.weights_hash differs", "pair_across_starts")
-    b.experiment = {**b.experiment, "pair_across_starts": True}
-    a.experiment = dict(b.experiment)
+    b.experiment = {**b.experiment, "pair_across_starts": True}  # a part run after the file said so
     assert merge_records([a, b]).starts["plain"]["weights_hash"] is None  # the first part's
     b = export_run(root / "seed1")
     b.experiment = {

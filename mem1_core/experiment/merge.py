@@ -32,10 +32,14 @@ def _first_difference(a: dict, b: dict) -> str:
     return next((k for k in keys if a.get(k) != b.get(k)), "?")
 
 
+MERGE_ONLY = ("parts", "pair_across_starts")
+"""What an experiment file says of its cut into parts and of how they merge, not of what it
+trains or claims: parts recorded before the file gained a finer cut, or said that pairing
+across starts is meant, are of the same experiment."""
+
+
 def _what(experiment: dict) -> dict:
-    """An experiment's settings without how it is cut into parts (`parts:` may gain a finer
-    cut for a slower CPU after some parts ran: the experiment is the same)."""
-    return {k: v for k, v in experiment.items() if k != "parts"}
+    return {k: v for k, v in experiment.items() if k not in MERGE_ONLY}
 
 
 def merge_records(recs: list[Records]) -> Records:
@@ -50,6 +54,7 @@ def merge_records(recs: list[Records]) -> Records:
     arms: dict[tuple[str, int], str] = {}
     settings: dict[str, tuple[dict, str]] = {}
     starts: dict[str, tuple[dict, str]] = {}
+    across = any(r.experiment.get("pair_across_starts") for r in recs)  # the newest file's say
     tasks: dict[tuple[int, int], tuple[str, str]] = {}
     kept_cells: set[tuple] = set()
     for r in recs:
@@ -67,7 +72,7 @@ def merge_records(recs: list[Records]) -> Records:
             if seen[0]["settings_hash"] != s["settings_hash"]:
                 raise RecordsError(f"{src}: starts.{w}.settings_hash differs from {seen[1]}'s: "
                                    "the warm start trained under other settings")  # fmt: skip
-            if seen[0]["weights_hash"] != s["weights_hash"] and not whole.get("pair_across_starts"):
+            if seen[0]["weights_hash"] != s["weights_hash"] and not across:
                 raise RecordsError(
                     f"{src}: starts.{w}.weights_hash differs from {seen[1]}'s: its arms would be "
                     "paired across different starting weights (write `merge: {pair_across_starts: "
