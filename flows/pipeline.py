@@ -174,13 +174,17 @@ def _train_baselines(ctx: RunContext) -> StageResult:
 
 def _evaluate(ctx: RunContext) -> StageResult:
     from flows.stages import evaluate_objective_scaling
+    from mem1_core.domains.base import Units
+    from mem1_core.evaluation.report import figures
 
     out = evaluate_objective_scaling(**_stage_args(ctx))
-    # the stage's numbers, read off its headline (eval/headline.json), not recomputed
+    # the stage's numbers, read off its headline (eval/headline.json), not recomputed, named
+    # in its domain's units (QA: EM fraction and sum; WebShop: reward ×100 and success rate)
+    shown = figures(Units.from_dict(out.get("units")))
     head: dict[str, Scalar] = {}
     for c in out["headline"]:
-        head[f"{c['agent']} N={c['N']} EM fraction"] = c["em_frac"]
-        head[f"{c['agent']} N={c['N']} EM sum"] = c["em_sum"]
+        for f in shown:
+            head[f"{c['agent']} N={c['N']} {f.name}"] = c.get(f.key)
         head[f"{c['agent']} N={c['N']} peak tokens"] = c["peak_tokens"]
     head.update({f"{c['label']} at N={c['N']}": c["value"] for c in out["comparisons"]})
     return StageResult(outputs=out, headline=head)

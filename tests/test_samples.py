@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from mem1_core.domains.outcome import objective_marks
 from mem1_core.evaluation.samples import (
     SAMPLE_TASKS,
-    objective_marks,
     sample_ns,
     samples_markdown,
     trajectory_markdown,

@@ -1,6 +1,6 @@
-"""Runs over time: two run directories side by side (`mem1 compare RUN_A RUN_B`), and the
-nightly evaluation's trend across nights (EM at each N for the newest checkpoint), with the
-change from the previous night.
+"""Runs over time: two run directories side by side (`mem1 compare RUN_A RUN_B`, in their
+domain's units), and the nightly evaluation's trend across nights (EM at each N for the
+newest checkpoint), with the change from the previous night.
 
 Both render what evaluations already write: `<run>/eval/headline.json` (one cell per agent
 and N, mem1_core.evaluation.headline; computed from `eval/metrics.csv` for a run written
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from mem1_core.evaluation.headline import cells_table, read_headline
-from mem1_core.evaluation.report import pm
+from mem1_core.evaluation.headline import cells_table, headline_units, read_headline
+from mem1_core.evaluation.report import figures, pm
 from mem1_core.runs import atomic
 from mem1_core.runs.layout import EVAL
 
@@ -50,28 +50,47 @@ def read_eval_table(run: str | Path) -> pd.DataFrame:
 
 
 def compare_runs(a: str | Path, b: str | Path) -> list[dict]:
-    """Rows (agent, N) present in either run's headline: EM fraction ± SE, EM sum and peak
-    tokens of each, the EM difference b − a with its standard error."""
+    """Rows (agent, N) present in either run's headline, in their domain's units: the score
+    ± SE of each (QA: EM fraction; WebShop: reward ×100), the difference b − a with its
+    standard error, the units' other figures (QA: EM sum; WebShop: success rate) and the peak
+    tokens of each."""
     keys = ["agent", "n_objectives"]
-    cols = ["em_frac", "em_frac_se", "em_sum", "em_sum_se", "peak_tokens"]
-    ta, tb = (cells_table(read_headline(Path(r) / EVAL))[keys + cols] for r in (a, b))
+    heads = [read_headline(Path(r) / EVAL) for r in (a, b)]
+    units = headline_units(heads[0])
+    if headline_units(heads[1]).scaled != units.scaled:
+        raise ValueError(
+            f"{a} reports {units.scaled}, {b} {headline_units(heads[1]).scaled}: compare two "
+            "runs of one domain"
+        )
+    score, *others = figures(units)
+    cols = [c for f in (score, *others) for c in (f.key, f.se)] + ["peak_tokens"]
+    ta, tb = (cells_table(h).reindex(columns=keys + cols) for h in heads)
     m = ta.merge(tb, on=keys, how="outer", suffixes=("_a", "_b"))
     rows = []
-    for r in m.sort_values(keys).itertuples():
-        row = {"agent": r.agent, "N": int(r.n_objectives)}
-        row["EM A"] = "" if pd.isna(r.em_frac_a) else pm(r.em_frac_a, _nan_none(r.em_frac_se_a))
-        row["EM B"] = "" if pd.isna(r.em_frac_b) else pm(r.em_frac_b, _nan_none(r.em_frac_se_b))
-        if pd.isna(r.em_frac_a) or pd.isna(r.em_frac_b):
+    for r in m.sort_values(keys).to_dict("records"):
+        row = {"agent": r["agent"], "N": int(r["n_objectives"])}
+        for side in ("a", "b"):
+            row[f"{units.scaled} {side.upper()}"] = _pm_cell(r, score, side)
+        va, vb = r[f"{score.key}_a"], r[f"{score.key}_b"]
+        if pd.isna(va) or pd.isna(vb):
             row["B − A"] = ""
         else:
-            se = math.hypot(_nan_zero(r.em_frac_se_a), _nan_zero(r.em_frac_se_b))
-            row["B − A"] = pm(r.em_frac_b - r.em_frac_a, se or None)
-        row["EM sum A"] = "" if pd.isna(r.em_sum_a) else pm(r.em_sum_a, _nan_none(r.em_sum_se_a))
-        row["EM sum B"] = "" if pd.isna(r.em_sum_b) else pm(r.em_sum_b, _nan_none(r.em_sum_se_b))
-        row["peak A"] = "" if pd.isna(r.peak_tokens_a) else f"{r.peak_tokens_a:.0f}"
-        row["peak B"] = "" if pd.isna(r.peak_tokens_b) else f"{r.peak_tokens_b:.0f}"
+            se = math.hypot(_nan_zero(r[f"{score.se}_a"]), _nan_zero(r[f"{score.se}_b"]))
+            row["B − A"] = pm(vb - va, se or None)
+        for f in others:
+            for side in ("a", "b"):
+                row[f"{f.name} {side.upper()}"] = _pm_cell(r, f, side)
+        for side in ("a", "b"):
+            peak = r[f"peak_tokens_{side}"]
+            row[f"peak {side.upper()}"] = "" if pd.isna(peak) else f"{peak:.0f}"
         rows.append(row)
     return rows
+
+
+def _pm_cell(r: dict, f, side: str) -> str:
+    """A merged row's figure `f` of run `side` ("a" or "b") ± its SE; empty where missing."""
+    value = r[f"{f.key}_{side}"]
+    return "" if pd.isna(value) else pm(value, _nan_none(r[f"{f.se}_{side}"]))
 
 
 def _nan_none(x):

@@ -5,18 +5,26 @@ render it (mem1_core.evaluation.report).
 
 Schema (`HEADLINE_SCHEMA`):
 - `scorer`: how answers were scored (`eval.scorer`).
+- `domain`, `units` (absent in headlines written before them, which are QA's): the run's
+  domain and how its headline names and scales its score (mem1_core.domains.base.Units:
+  QA's EM as a fraction; WebShop's reward ×100 and its success rate).
 - `objectives`: the N evaluated, ascending.
-- `cells`: one per agent and `N`: `em_frac` ± `em_frac_se` (EM as a fraction of objectives),
-  `em_sum` ± `em_sum_se` (EM summed over objectives: the paper's 0..N scale, = em_frac × N),
-  `peak_tokens` ± `peak_tokens_se` (mean over all tasks), `peak_tokens_credited` (mean over
-  the tasks that earned any credit: the paper's average), `tasks`, `credited_tasks`. A number
-  not measured (a table written before it existed, or no spread to see) is null.
+- `cells`: one per agent and `N`: `em_frac` ± `em_frac_se` (the mean task score: QA's EM as a
+  fraction of objectives, WebShop's reward), `em_sum` ± `em_sum_se` (EM summed over objectives:
+  the paper's 0..N scale, = em_frac × N), `score` ± `score_se` (the mean task score in the
+  domain's units, em_frac × units.scale: QA's EM fraction, WebShop's reward ×100), where the
+  domain defines success `success_rate` ± `success_rate_se` (the share of tasks whose score is
+  units.success, from the per-task scores), `peak_tokens` ± `peak_tokens_se` (mean over all
+  tasks), `peak_tokens_credited` (mean over the tasks that earned any credit: the paper's
+  average), `tasks`, `credited_tasks`. A number not measured (a table written before it
+  existed, or no spread to see) is null.
 - `comparisons`: one per comparison and `N` where both of its agents were evaluated: `value`
-  ± `se`, with the agents it compares (`a`, `b`); an EM difference also as `value_sum` ±
-  `se_sum` (on the 0..N scale); where both agents' per-task scores are known and cover the
-  same tasks, also `se_paired` (and `se_sum_paired`).
+  ± `se`, with the agents it compares (`a`, `b`); a score difference is in the domain's units
+  (WebShop: reward ×100), in QA also as `value_sum` ± `se_sum` (on the 0..N scale); where both
+  agents' per-task scores are known and cover the same tasks, also `se_paired` (and
+  `se_sum_paired`).
 - `task_em` (absent in headlines written before it): agent -> N (a string) -> task id -> that
-  task's EM fraction, read from the evaluation's trajectories.
+  task's score (QA: its EM fraction), read from the evaluation's trajectories.
 
 `se` treats the two agents of a comparison as independent samples. They played the same
 tasks, so task difficulty, which both share, inflates it; `se_paired` is the standard error of
@@ -35,6 +43,7 @@ from typing import Any
 
 import pandas as pd
 
+from mem1_core.domains.base import Units
 from mem1_core.runs import atomic
 
 HEADLINE_SCHEMA = 1
@@ -51,7 +60,7 @@ class Comparison:
     name: str
     """Its key in headline.json."""
     label: str
-    """What a reader sees."""
+    """What a reader sees (`{score}`: the score's column in the domain's units)."""
     a: str
     """The role of the first agent (`mem1`, `full` or `sft`)."""
     b: str
@@ -63,8 +72,8 @@ class Comparison:
 
 
 COMPARISONS: tuple[Comparison, ...] = (
-    Comparison("mem1_minus_full_em", "MEM1 − full context, EM fraction", "mem1", "full", "em_frac", False),
-    Comparison("rl_minus_sft_em", "RL − SFT (MEM1 memory), EM fraction", "mem1", "sft", "em_frac", False),
+    Comparison("mem1_minus_full_em", "MEM1 − full context, {score}", "mem1", "full", "em_frac", False),
+    Comparison("rl_minus_sft_em", "RL − SFT (MEM1 memory), {score}", "mem1", "sft", "em_frac", False),
     Comparison("mem1_over_full_peak", "MEM1 / full context, peak tokens", "mem1", "full", "peak_tokens", True),
 )  # fmt: skip
 """The paper's comparisons (MEM1 §5: Table 1's EM and peak-token columns, §5.4 RL vs SFT)."""
@@ -100,10 +109,12 @@ def _number(x: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _cell(r: Mapping[str, Any]) -> dict[str, Any]:
+def _cell(r: Mapping[str, Any], units: Units, scores: Mapping[str, float] | None) -> dict[str, Any]:
+    """A row of the evaluation table as a headline cell; `scores`: its per-task scores
+    (task id -> score), where known, for the success rate."""
     n = int(r["n_objectives"])
     se = _number(r.get("em_frac_se"))
-    return {
+    cell = {
         "agent": r["agent"],
         "memory": r.get("memory", r.get("policy")),
         "N": n,
@@ -113,10 +124,29 @@ def _cell(r: Mapping[str, Any]) -> dict[str, Any]:
         # every task has N objectives, so a task's EM sum is N × its fraction: the same SE × N
         "em_sum": _number(r.get("em_sum", r["em_frac"] * n)),
         "em_sum_se": None if se is None else se * n,
+        "score": _times(_number(r["em_frac"]), units.scale),
+        "score_se": _times(se, units.scale),
         "peak_tokens": _number(r["peak_tokens"]),
         "peak_tokens_se": _number(r.get("peak_tokens_se")),
         "peak_tokens_credited": _number(r.get("peak_tokens_credited")),
         "credited_tasks": None if r.get("credited_tasks") is None else int(r["credited_tasks"]),
+    }
+    if units.success is not None:
+        cell |= success_rate(scores, units.success)
+    return cell
+
+
+def success_rate(scores: Mapping[str, float] | None, success: float) -> dict[str, Any]:
+    """`success_rate` ± `success_rate_se`: the share of tasks whose score is `success`, over
+    the per-task scores (task id -> score); null where they are not known."""
+    from mem1_core.evaluation.summary import standard_error
+
+    if not scores:
+        return {"success_rate": None, "success_rate_se": None}
+    hits = [float(s == success) for s in scores.values()]
+    return {
+        "success_rate": sum(hits) / len(hits),
+        "success_rate_se": _number(standard_error(hits)),
     }
 
 
@@ -134,9 +164,9 @@ def paired_se(a: Mapping[str, float] | None, b: Mapping[str, float] | None) -> f
 def task_scores(
     traj_dir: str | Path, table: pd.DataFrame
 ) -> dict[str, dict[str, dict[str, float]]]:
-    """Per-task EM fractions of every (agent, N) row of an evaluation table, from its
-    trajectories (`<agent>_n<N>.parquet`, as mem1_core.evaluation.scaling writes them):
-    agent -> str(N) -> task id -> EM fraction. A row without its file is left out."""
+    """Per-task scores (QA: EM fractions) of every (agent, N) row of an evaluation table, from
+    its trajectories (`<agent>_n<N>.parquet`, as mem1_core.evaluation.scaling writes them):
+    agent -> str(N) -> task id -> score. A row without its file is left out."""
     import pyarrow.parquet as pq
 
     out: dict[str, dict[str, dict[str, float]]] = {}
@@ -174,18 +204,23 @@ def _compare(c: Comparison, a: Mapping[str, Any], b: Mapping[str, Any]) -> dict 
     return {"value": value, "se": se}
 
 
-def _with_sum(got: dict[str, Any], metric: str, n: int) -> dict[str, Any]:
-    """An EM-fraction difference also on the paper's scale (EM summed over N objectives)."""
+def _in_units(got: dict[str, Any], metric: str, n: int, units: Units) -> dict[str, Any]:
+    """A score difference in the domain's units (× units.scale: WebShop's reward ×100) and,
+    where a task's score is per objective, also on the paper's scale (summed over N)."""
     if metric != "em_frac":
         return got
-    got = got | {"value_sum": got["value"] * n, "se_sum": _times(got["se"], n)}
+    unscaled = got
+    got = got | {k: _times(got[k], units.scale) for k in ("value", "se", "se_paired") if k in got}
+    if not units.per_objective:
+        return got
+    got |= {"value_sum": unscaled["value"] * n, "se_sum": _times(unscaled["se"], n)}
     if "se_paired" in got:
-        got["se_sum_paired"] = _times(got["se_paired"], n)
+        got["se_sum_paired"] = _times(unscaled["se_paired"], n)
     return got
 
 
-def _times(se: float | None, n: int) -> float | None:
-    return None if se is None else se * n
+def _times(x: float | None, k: float) -> float | None:
+    return None if x is None else x * k
 
 
 def compare_cells(
@@ -194,11 +229,13 @@ def compare_cells(
     b: Mapping[str, Any],
     n: int,
     tasks: tuple[Mapping[str, float] | None, Mapping[str, float] | None] | None = None,
+    units: Units | None = None,
 ) -> dict[str, Any] | None:
     """Comparison `c` of two cells at N=`n` (cells as `build_headline` writes them):
-    `value` ± `se`, an EM difference also on the 0..N scale; None where a number is missing.
-    `tasks`: the two agents' per-task scores (task id -> EM fraction); where they cover the
-    same tasks, an EM difference also gets its paired error, `se_paired`."""
+    `value` ± `se`, a score difference in `units` (QA's by default, also on the 0..N scale);
+    None where a number is missing. `tasks`: the two agents' per-task scores (task id ->
+    score); where they cover the same tasks, a score difference also gets its paired error,
+    `se_paired`."""
     got = _compare(c, a, b)
     if got is None:
         return None
@@ -206,7 +243,7 @@ def compare_cells(
         se = paired_se(*tasks)
         if se is not None:
             got["se_paired"] = se
-    return _with_sum(got, c.metric, n)
+    return _in_units(got, c.metric, n, units or Units())
 
 
 def compare_agents(
@@ -218,7 +255,13 @@ def compare_agents(
     ca, cb = cells.get((a, n)), cells.get((b, n))
     if not ca or not cb:
         return None
-    return compare_cells(c, ca, cb, n, (_task_em(h, a, n), _task_em(h, b, n)))
+    tasks = (_task_em(h, a, n), _task_em(h, b, n))
+    return compare_cells(c, ca, cb, n, tasks, headline_units(h))
+
+
+def headline_units(h: Mapping[str, Any]) -> Units:
+    """The units a headline is in (QA's for one written before headlines recorded theirs)."""
+    return Units.from_dict(h.get("units"))
 
 
 def build_headline(
@@ -226,17 +269,26 @@ def build_headline(
     scorer: str = "squad",
     roles: Mapping[str, str] | None = None,
     task_em: Mapping[str, Mapping[str, Mapping[str, float]]] | None = None,
+    units: Units | None = None,
+    domain: str | None = None,
 ) -> dict[str, Any]:
     """THE headline of an evaluation table (eval/metrics: one row per agent and N). `roles`:
     role -> agent for the comparisons (default_roles when None). `task_em`: per-task scores
-    (`task_scores`), which give the comparisons their paired errors."""
+    (`task_scores`), which give the comparisons their paired errors and a domain with success
+    its success rates. `units`, `domain`: the run's domain's (`domain_of(cfg)`: its `units`
+    and `name`); QA's units when None."""
+    units = units or Units()
     records = table.to_dict("records")
-    cells = [_cell(r) for r in records]
+    scores_of = {a: dict(by_n) for a, by_n in (task_em or {}).items()}
+    cells = [
+        _cell(r, units, scores_of.get(str(r["agent"]), {}).get(str(int(r["n_objectives"]))))
+        for r in records
+    ]
     agents = {c["agent"]: c["memory"] for c in cells}
     roles = default_roles(agents) if roles is None else dict(roles)
     ns = sorted({c["N"] for c in cells})
     comparisons = []
-    scores = {"cells": cells, "task_em": task_em or {}}
+    scores = {"cells": cells, "task_em": task_em or {}, "units": units.to_dict()}
     for c in COMPARISONS:
         if c.a not in roles or c.b not in roles:
             continue
@@ -244,18 +296,35 @@ def build_headline(
             got = compare_agents(scores, c, roles[c.a], roles[c.b], n)
             if got is not None:
                 comparisons.append(
-                    {"comparison": c.name, "label": c.label, "N": n,
+                    {"comparison": c.name, "label": c.label.format(score=units.column), "N": n,
                      "a": roles[c.a], "b": roles[c.b], **got}
                 )  # fmt: skip
     return {
         "schema": HEADLINE_SCHEMA,
         "scorer": scorer,
+        **({"domain": domain} if domain is not None else {}),
+        "units": units.to_dict(),
         "objectives": ns,
         "agents": list(agents),
         "roles": roles,
         "cells": cells,
         "comparisons": comparisons,
     } | ({"task_em": {a: dict(by_n) for a, by_n in task_em.items()}} if task_em else {})
+
+
+def upgraded(h: Mapping[str, Any]) -> dict[str, Any]:
+    """A headline as this version writes it: one written before headlines recorded their
+    units is QA's, each cell's `score` its EM fraction."""
+    units = headline_units(h)
+    cells = [
+        {
+            "score": _times(c["em_frac"], units.scale),
+            "score_se": _times(c.get("em_frac_se"), units.scale),
+        }
+        | c
+        for c in h["cells"]
+    ]
+    return {**h, "units": units.to_dict(), "cells": cells}
 
 
 HEADLINE_FILE = "headline.json"
@@ -269,16 +338,20 @@ def read_headline(eval_dir: str | Path) -> dict[str, Any]:
     """An evaluation directory's headline: its headline.json; for an evaluation written before
     there was one, computed from its metrics.csv (scored `squad`, the only scorer then); for
     one written before `task_em`, recomputed with the per-task scores its trajectories hold
-    (the paired errors), with its own scorer and roles."""
+    (the paired errors), with its own scorer, roles and units; one written before units, QA's
+    (`upgraded`)."""
     d = Path(eval_dir)
     path = d / "metrics.csv"
     if (d / HEADLINE_FILE).is_file():
         h = json.loads((d / HEADLINE_FILE).read_text())
         if "task_em" in h or not path.is_file() or not (d / "trajectories").is_dir():
-            return h
+            return upgraded(h)
         table = pd.read_csv(path)
         scores = task_scores(d / "trajectories", table)
-        return build_headline(table, h["scorer"], h.get("roles"), scores) if scores else h
+        if not scores:
+            return upgraded(h)
+        units = headline_units(h)
+        return build_headline(table, h["scorer"], h.get("roles"), scores, units, h.get("domain"))
     if not path.is_file():
         raise FileNotFoundError(
             f"{path}: no evaluation table (run the pipeline's evaluation stage, or "

@@ -10,12 +10,13 @@ from typing import Any
 from mem1_core.runs.layout import EVAL
 
 PLOTS = {
-    "EM fraction vs N": ("eval", "em.png"),
+    "{score} vs N": ("eval", "em.png"),
     "peak tokens vs N": ("eval", "peak_tokens.png"),
     "RL vs SFT": ("ablation", "rl_vs_sft.png"),
     "PPO training reward": ("ablation", "reward_curve.png"),
 }
-"""The run's plots, as the evaluation and ablation stages write them."""
+"""The run's plots, as the evaluation and ablation stages write them (`{score}`: the score's
+column in the evaluation's units, "EM fraction" or "reward ×100")."""
 
 
 def run_headline(run_dir: str | Path, outputs: Mapping[str, Any]) -> dict[str, Any]:
@@ -23,17 +24,25 @@ def run_headline(run_dir: str | Path, outputs: Mapping[str, Any]) -> dict[str, A
     (`eval_headline`, eval/headline.json; computed from eval/metrics.csv for a run written
     before it existed) and its renderings (`agents`, `comparisons`, `headline_text`), the
     plots and where the W&B runs are. No headline keys when no evaluation ran."""
-    from mem1_core.evaluation.headline import read_headline
+    from mem1_core.domains.base import Units
+    from mem1_core.evaluation.headline import headline_units, read_headline
     from mem1_core.evaluation.report import agent_rows, comparison_rows, headline_text
 
     root = Path(run_dir)
-    out: dict[str, Any] = {
-        "plots": {k: str(root / d / f) for k, (d, f) in PLOTS.items() if (root / d / f).is_file()},
-        "wandb": _wandb_runs(outputs),
-    }
     try:
         headline = read_headline(root / EVAL)
     except FileNotFoundError:
+        headline = None
+    score = (headline_units(headline) if headline else Units()).column
+    out: dict[str, Any] = {
+        "plots": {
+            k.format(score=score): str(root / d / f)
+            for k, (d, f) in PLOTS.items()
+            if (root / d / f).is_file()
+        },
+        "wandb": _wandb_runs(outputs),
+    }
+    if headline is None:
         return out
     out["eval_headline"] = headline
     out["agents"] = agent_rows(headline)
@@ -60,14 +69,16 @@ def _wandb_runs(outputs: Mapping[str, Any]) -> list[dict]:
 def render_headline(summary: Mapping[str, Any], images: bool = True) -> str:
     """The compact headline of a summary: its evaluation's headline rendered (agents × N, the
     comparisons), optionally the plots inline, and the W&B runs."""
+    from mem1_core.evaluation.headline import headline_units
     from mem1_core.evaluation.report import headline_markdown, image_markdown
 
     headline = summary.get("eval_headline")
     plots = (summary.get("plots") or {}) if images else {}
     lines = []
     if headline is not None:
+        units = headline_units(headline)
         lines += [
-            "EM over held-out tasks (entities no training task mentions), greedy.",
+            f"{units.figures} over held-out {units.held_out}, greedy.",
             "",
             headline_markdown(headline, plots),
         ]

@@ -1,7 +1,8 @@
 """Trajectories a person can read: what an agent kept in `<IS>` turn by turn, what it asked,
 what came back, how many tokens its context held (and how many the memory policy pruned),
-and which objectives came out right. One view of a trajectory (`turn_views`,
-`objective_marks`), rendered as markdown (the evaluation's per-agent sample artifact,
+and its outcome as its domain tells it (`Domain.sample_outcome`: which objectives came out
+right; in WebShop, what was bought and its reward). One view of a trajectory (`turn_views`,
+the outcome), rendered as markdown (the evaluation's per-agent sample artifact,
 `eval/samples/<agent>.md`) or as text (`mem1 show`).
 
 Samples are the first test tasks of an N (`SAMPLE_TASKS`), at N=2 (what the paper trains on)
@@ -12,17 +13,12 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from mem1_core.data.prompts import (
-    ANSWER_CLOSE,
-    ANSWER_OPEN,
-    IS_CLOSE,
-    IS_OPEN,
-    split_answers,
-)
+from mem1_core.data.prompts import ANSWER_CLOSE, ANSWER_OPEN, IS_CLOSE, IS_OPEN
+from mem1_core.domains.outcome import Outcome, objectives_outcome
 from mem1_core.rollout.environment import info_body
 from mem1_core.runs import atomic
 from mem1_core.trajectory.record import Action, Trajectory, read_trajectories
@@ -33,6 +29,9 @@ INFO_CHARS = 240
 """An `<info>` block is trimmed to this many characters: enough to see what the search found."""
 TRAIN_N = 2
 """The N the paper trains on; the samples show it beside the largest N."""
+
+Describe = Callable[[Trajectory, Sequence[str] | None], Outcome]
+"""How a domain tells a trajectory's outcome (`Domain.sample_outcome`); QA's by default."""
 
 
 @dataclass(frozen=True)
@@ -99,40 +98,9 @@ def turn_views(traj: Trajectory, info_chars: int = INFO_CHARS) -> list[TurnView]
     return views
 
 
-@dataclass(frozen=True)
-class ObjectiveMark:
-    """One objective of a task: what was asked, the gold aliases, what the agent answered and
-    whether it scored."""
-
-    index: int
-    """1-based."""
-    question: str | None
-    gold: list[str]
-    answered: str | None
-    right: bool
-
-
-def objective_marks(
-    traj: Trajectory, questions: Sequence[str] | None = None
-) -> list[ObjectiveMark]:
-    """Per objective, in order: the answer's part i (split on `;`), the gold, EM > 0."""
-    parts = split_answers(traj.answer) if traj.answer is not None else []
-    return [
-        ObjectiveMark(
-            index=i + 1,
-            question=questions[i] if questions and i < len(questions) else None,
-            gold=list(gold),
-            answered=parts[i] if i < len(parts) else None,
-            right=bool(traj.em[i] > 0) if i < len(traj.em) else False,
-        )
-        for i, gold in enumerate(traj.golden_answers)
-    ]
-
-
-def _title(traj: Trajectory, marks: list[ObjectiveMark]) -> str:
-    right = sum(m.right for m in marks)
+def _title(traj: Trajectory, outcome: Outcome) -> str:
     return (
-        f"task `{traj.task_id}` (N={traj.n_objectives}): {right}/{len(marks)} objectives right, "
+        f"task `{traj.task_id}` (N={traj.n_objectives}): {outcome.summary}, "
         f"{len(traj.turns)} turns, peak {traj.peak_tokens} tokens"
     )
 
@@ -144,11 +112,16 @@ def _md(text: str) -> str:
     return re.sub(r"([\\`*_\[\]|])", r"\\\1", text)
 
 
-def trajectory_markdown(traj: Trajectory, questions: Sequence[str] | None = None) -> str:
-    """One trajectory: the objectives (question, gold, answered, right or not), then each turn."""
-    marks = objective_marks(traj, questions)
-    lines = [f"### {_title(traj, marks)}", ""]
-    for m in marks:
+def trajectory_markdown(
+    traj: Trajectory,
+    questions: Sequence[str] | None = None,
+    describe: Describe = objectives_outcome,
+) -> str:
+    """One trajectory: its outcome (QA: each objective's question, gold, answer, right or not;
+    `describe`: its domain's), then each turn."""
+    outcome = describe(traj, questions)
+    lines = [f"### {_title(traj, outcome)}", ""]
+    for m in outcome.marks:
         q = f"{_md(m.question)} — " if m.question else ""
         said = "no answer" if m.answered is None else f"answered “{_md(m.answered)}”"
         gold = " / ".join(_md(g) for g in m.gold)
@@ -156,6 +129,7 @@ def trajectory_markdown(traj: Trajectory, questions: Sequence[str] | None = None
         lines.append(
             f"{m.index}. {'**right**' if m.right else '**wrong**'}: {q}gold “{gold}”, {said}"
         )
+    lines += [f"- {label}: {_md(text)}" for label, text in outcome.facts]
     lines.append("")
     for v in turn_views(traj):
         lines.append(
@@ -189,18 +163,22 @@ def _turn_fields(v) -> list[tuple[str, str | None]]:
 
 
 def trajectory_text(
-    traj: Trajectory, questions: Sequence[str] | None = None, info_chars: int = INFO_CHARS
+    traj: Trajectory,
+    questions: Sequence[str] | None = None,
+    info_chars: int = INFO_CHARS,
+    describe: Describe = objectives_outcome,
 ) -> str:
     """The same for a terminal (`mem1 show`)."""
-    marks = objective_marks(traj, questions)
-    lines = [_title(traj, marks).replace("`", ""), ""]
-    for m in marks:
+    outcome = describe(traj, questions)
+    lines = [_title(traj, outcome).replace("`", ""), ""]
+    for m in outcome.marks:
         q = f"{m.question}\n      " if m.question else ""
         said = "(no answer)" if m.answered is None else m.answered
         lines.append(
             f"  Q{m.index} [{'right' if m.right else 'wrong'}] {q}gold: {' / '.join(m.gold)}"
             f"  answered: {said}"
         )
+    lines += [f"  {label}: {' '.join(text.split())}" for label, text in outcome.facts]
     for v in turn_views(traj, info_chars):
         lines += [
             "",
@@ -228,9 +206,11 @@ def samples_markdown(
     memory: str,
     by_n: Mapping[int, Sequence[Trajectory]],
     questions: Mapping[str, Sequence[str]] | None = None,
+    describe: Describe = objectives_outcome,
 ) -> str:
     """An agent's sample artifact: per N (ascending), its first `SAMPLE_TASKS` trajectories.
-    `questions`: task id -> its questions, where known."""
+    `questions`: task id -> its questions, where known; `describe`: how the domain tells an
+    outcome."""
     lines = [
         f"# Sample trajectories: {agent} (memory `{memory}`)",
         "",
@@ -243,7 +223,7 @@ def samples_markdown(
     for n, trajs in sorted(by_n.items()):
         lines += [f"## N = {n}", ""]
         for t in trajs[:SAMPLE_TASKS]:
-            lines.append(trajectory_markdown(t, (questions or {}).get(t.task_id)))
+            lines.append(trajectory_markdown(t, (questions or {}).get(t.task_id), describe))
     return "\n".join(lines)
 
 
@@ -252,9 +232,11 @@ def write_samples(
     agents: Mapping[str, str],
     ns: Sequence[int],
     questions: Mapping[str, Sequence[str]] | None = None,
+    describe: Describe = objectives_outcome,
 ) -> dict[str, Path]:
     """eval/samples/<agent>.md for each agent (name -> memory) from its written trajectories
-    at `sample_ns(ns)`; -> agent -> path."""
+    at `sample_ns(ns)`, each outcome as `describe` (the run's Domain.sample_outcome) tells it;
+    -> agent -> path."""
     out = {}
     for agent, memory in agents.items():
         by_n = {
@@ -262,6 +244,6 @@ def write_samples(
             for n in sample_ns(ns)
             if trajectory_file(eval_dir, agent, n).is_file()
         }
-        text = samples_markdown(agent, memory, by_n, questions)
+        text = samples_markdown(agent, memory, by_n, questions, describe)
         out[agent] = atomic.write_text(text, Path(eval_dir) / "samples" / f"{agent}.md")
     return out

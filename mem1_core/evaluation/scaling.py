@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
+from mem1_core.domains.base import Units  # noqa: E402
 from mem1_core.evaluation.cells import (  # noqa: E402
     Cell,
     cell_record,
@@ -260,7 +261,15 @@ def plot_base_curves(bases: dict[str, dict], path: Path) -> Path:
     return _save(fig, path)
 
 
-def scaling_plots(table: pd.DataFrame, out_dir: Path) -> dict[str, Path]:
+def scaling_plots(
+    table: pd.DataFrame, out_dir: Path, units: Units | None = None
+) -> dict[str, Path]:
+    """Peak tokens and the score against N, the score in the domain's `units` (QA's EM
+    fraction by default; WebShop's reward ×100)."""
+    units = units or Units()
+    scored = table.assign(score=table["em_frac"] * units.scale)
+    if "em_frac_se" in table:
+        scored["score_se"] = table["em_frac_se"] * units.scale
     return {
         "peak_tokens": plot_metric_vs_n(
             table,
@@ -270,12 +279,12 @@ def scaling_plots(table: pd.DataFrame, out_dir: Path) -> dict[str, Path]:
             out_dir / "peak_tokens.png",
         ),
         "em": plot_metric_vs_n(
-            table,
-            "em_frac",
-            "EM fraction (± standard error)",
-            "Exact match vs objectives",
+            scored,
+            "score",
+            f"{units.column} (± standard error)",
+            f"{units.column} vs {units.objective}",
             out_dir / "em.png",
-            err="em_frac_se",
+            err="score_se",
         ),
     }
 

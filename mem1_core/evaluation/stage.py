@@ -91,8 +91,9 @@ def run_objective_scaling(
     plays under where that differs from `cfg` in how it plays (its rollout settings: an arm
     trained with another prompt), played here, not by the vLLM player, under its own
     environment. Writes `out_dir`'s trajectories, metrics,
-    plots, headline.json and samples/<agent>.md (mem1_core.evaluation.samples); returns the
-    headline's cells (`headline`) and comparisons, and the paths. `teacher` adds the scripted
+    plots, headline.json and samples/<agent>.md (mem1_core.evaluation.samples), in the units
+    and words of the run's domain; returns the headline's cells (`headline`), comparisons and
+    units, and the paths. `teacher` adds the scripted
     teacher's rows where it can play the tasks (the world's). A rerun into the same `out_dir` resumes: cells
     already played by the same policies under the same configuration are read back, not
     played again (evaluate_scaling's `key`)."""
@@ -146,22 +147,33 @@ def run_objective_scaling(
         progress=progress, scorer=cfg.eval.scorer, key=key.hexdigest(), player=player,
         settings=json.loads(json.dumps(settings, default=str)),
     )  # fmt: skip
-    plots = scaling_plots(table, out)
-    samples = write_samples(
-        out, {a.name: a.memory for a in built}, ns, {t.task_id: t.questions for t in every}
-    )
-    headline = build_headline(
-        table, cfg.eval.scorer, task_em=task_scores(out / "trajectories", table)
-    )
+    domain = domain_of(cfg)
+    plots = scaling_plots(table, out, domain.units)
+    questions = {t.task_id: t.questions for t in every}
+    agent_memory = {a.name: a.memory for a in built}
+    samples = write_samples(out, agent_memory, ns, questions, domain.sample_outcome)
+    headline = evaluation_headline(cfg, out, table)
     result = {
         "headline": headline["cells"],
         "comparisons": headline["comparisons"],
+        "units": headline["units"],
         "headline_json": str(write_headline(headline, out)),
         "scorer": cfg.eval.scorer,
         "plots": {k: str(v) for k, v in plots.items()},
         "samples": {agent: str(path) for agent, path in samples.items()},
         "table": str(out / "metrics.csv"),
     }
-    result |= domain_of(cfg).evaluation_extras(cfg, paths, out, [a.name for a in built], ns)
+    result |= domain.evaluation_extras(cfg, paths, out, [a.name for a in built], ns)
     atomic.write_json(result, out / "summary.json")
     return result
+
+
+def evaluation_headline(cfg, out_dir: str | Path, table) -> dict:
+    """An evaluation's headline from its table and the trajectories under `out_dir` (their
+    per-task scores), in the units of the run's domain (QA: EM; WebShop: reward ×100 and
+    success rate)."""
+    domain = domain_of(cfg)
+    scores = task_scores(Path(out_dir) / "trajectories", table)
+    return build_headline(
+        table, cfg.eval.scorer, task_em=scores, units=domain.units, domain=domain.name
+    )

@@ -37,7 +37,7 @@ environment serves both splits.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from mem1_core.data.prompts import INFO_CLOSE, INFO_OPEN, IS_CLOSE, IS_OPEN, QUERY_CLOSE, QUERY_OPEN
 from mem1_core.models.tags import TagCodec
@@ -100,6 +100,22 @@ def shop_tasks(
         )  # fmt: skip
         for i, g in enumerate(goals)
     ]
+
+
+def purchase_text(asin: str, selected: Sequence[tuple[str, str]]) -> str:
+    """What a trajectory records as its answer when it buys: the item's asin and its selected
+    options, `B0ABCDEF12 (size: 9, color: red)`."""
+    chosen = ", ".join(f"{g}: {v}" for g, v in selected)
+    return f"{asin} ({chosen})" if chosen else asin
+
+
+def purchase(answer: str | None) -> tuple[str, str] | None:
+    """(asin, the selected options as `purchase_text` wrote them, "" for none) of a
+    trajectory's answer; None where it bought nothing."""
+    if answer is None:
+        return None
+    asin, _, chosen = answer.partition(" (")
+    return asin, chosen.removesuffix(")")
 
 
 class WebShopEnvironment(Environment):
@@ -248,8 +264,7 @@ class WebShopEnvironment(Environment):
             nouns=self.nouns,
             option_match=self.option_match,
         )
-        chosen = ", ".join(f"{g}: {v}" for g, v in page.selected)
-        tr.answer = f"{product.asin} ({chosen})" if chosen else product.asin
+        tr.answer = purchase_text(product.asin, page.selected)
         tr.score, tr.em, tr.f1, tr.done = r.total, [float(r.success)], [r.total], True
 
     def scripted_teacher(self, tasks: list, cfg, *, lapses: bool = True, seed_offset: int = 0):

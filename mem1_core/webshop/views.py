@@ -28,7 +28,8 @@ for a listed range), never the hidden price drawn within it that the reward chec
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 
 from mem1_core.webshop.catalog import Product
 from mem1_core.webshop.pages import (
@@ -155,6 +156,19 @@ def observe(
         raise ValueError(f"observation {kind!r}: use one of {OBSERVATIONS}")
     text = render_webshop(page, product_of, per_page, instruction)
     return f"{text}\n\nCurrent available actions: {available_actions(page, product_of, per_page)}"
+
+
+def listed_title(observations: Iterable[str], asin: str) -> str | None:
+    """The title a results page showed for `asin`, in either format (each lists the item's
+    `[ASIN]` or `ASIN`, then its title, then its price text): from the last of `observations`
+    that listed it; None where none did."""
+    title = None
+    for text in observations:
+        pieces = [p.strip() for p in re.split(r"\n|" + re.escape(SEP), text)]
+        for here, after in zip(pieces, pieces[1:], strict=False):
+            if here in (asin, f"[{asin}]"):
+                title = after
+    return title
 
 
 def first_observation(kind: str, instruction: str) -> str:

@@ -1,5 +1,6 @@
-"""`mem1 compare RUN_A RUN_B`: two runs' evaluation tables side by side (EM fraction ± SE,
-the difference B − A with its standard error, peak tokens)."""
+"""`mem1 compare RUN_A RUN_B`: two runs' evaluation tables side by side, in their domain's units
+(QA: EM fraction ± SE and EM sum; WebShop: reward ×100 ± SE and success rate), the difference
+B − A with its standard error, peak tokens."""
 
 from __future__ import annotations
 

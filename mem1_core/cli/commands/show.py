@@ -1,7 +1,8 @@
 """`mem1 show RUN --agent NAME -n N --task K`: one evaluated trajectory, turn by turn, in the
 terminal: the `<IS>` written, the query, the `<info>` (trimmed), the answer, the tokens in
-context and pruned at each turn, and which objectives came out right (the same view as the
-evaluation's sample artifacts, mem1_core.evaluation.samples)."""
+context and pruned at each turn, and its outcome as its domain tells it (which objectives came
+out right; in WebShop, what was bought and its reward): the same view as the evaluation's
+sample artifacts, mem1_core.evaluation.samples."""
 
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     traj = _pick(trajs, args.task, UserError)
     questions = _questions(run, args.objectives).get(traj.task_id)
     print(f"{args.agent} (memory {traj.memory}), {path}")
-    print(trajectory_text(traj, questions, info_chars=args.info_chars or INFO_CHARS), end="")
+    describe = _describe(eval_dir)
+    print(trajectory_text(traj, questions, args.info_chars or INFO_CHARS, describe), end="")
     print(behaviour_lines(traj, trajs))
     return 0
 
@@ -71,6 +73,20 @@ def behaviour_lines(traj, trajs) -> str:
         f"behaviour of this task: {line(task_behaviour(traj), traj.n_objectives)}\n"
         f"behaviour of its cell ({len(trajs)} tasks, mean): {line(mean, traj.n_objectives)}"
     )
+
+
+def _describe(eval_dir: Path):
+    """How the evaluation's domain tells an outcome: the domain its headline records (one
+    written before headlines recorded it: QA's view, per objective)."""
+    import json
+
+    from mem1_core.domains.outcome import objectives_outcome
+    from mem1_core.domains.registry import get_domain
+    from mem1_core.evaluation.headline import HEADLINE_FILE
+
+    path = eval_dir / HEADLINE_FILE
+    domain = json.loads(path.read_text()).get("domain") if path.is_file() else None
+    return get_domain(domain).sample_outcome if domain else objectives_outcome
 
 
 def _pick(trajs, task: str, error: type[Exception]):
