@@ -99,7 +99,7 @@ def test_reward_and_peak_tokens_by_difficulty(tmp_path) -> None:
 
 
 def test_every_env_kind_has_an_environment_and_a_bad_kind_says_which() -> None:
-    from mem1_core.config.sections import ENV_KINDS
+    from mem1_core.config.env import ENV_KINDS
     from mem1_core.domains.base import Domain
     from mem1_core.domains.registry import DOMAINS, get_domain
 

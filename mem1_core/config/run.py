@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mem1_core.config.env import EnvConfig
 from mem1_core.config.evaluation import EvalConfig
+from mem1_core.config.pretrain import PretrainConfig
 from mem1_core.config.resources import ResourcesConfig
 from mem1_core.config.sections import (
     DataConfig,
-    EnvConfig,
     ModelConfig,
     RetrievalConfig,
     RolloutConfig,
@@ -16,7 +17,7 @@ from mem1_core.config.sections import (
     TeacherConfig,
     WorldConfig,
 )
-from mem1_core.config.training import PPOConfig, PretrainConfig, SFTConfig, TrajectoryConfig
+from mem1_core.config.training import PPOConfig, SFTConfig, TrajectoryConfig
 
 
 @dataclass(frozen=True)
