@@ -17,7 +17,7 @@ second projection in the backward, mem1_core.trajectory.logprobs.vocab_logprobs)
 - update: per epoch, the policy's and the critic's forward and backward.
 - prefill: each turn runs the context tokens past the prefix that the trajectory's previous
   sequence (its last context and generation) already holds as keys and values (the rule of
-  mem1_core.rollout.generation.TurnCache; a cache too small to hold them all runs more).
+  mem1_core.rollout.kv_cache.TurnCache; a cache too small to hold them all runs more).
 - decode: a decoding step reads every weight once (decoder and vocabulary projection, in
   the compute dtype) whatever the batch, so the bytes are the steps times the weights'
   bytes. Steps as one rollout worker runs them: each turn index is one generate call per

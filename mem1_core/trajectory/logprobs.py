@@ -169,9 +169,11 @@ def logprobs_from_hidden(
     )
 
 
-VOCAB_CHUNK_ELEMENTS = 1 << 24
-"""The most logits `vocab_logprobs` holds at once: chunks of rows x V within this (16M floats,
-64 MB in float32; 341 rows of SmolLM2's 49,152-token vocabulary, 110 of Qwen2.5's 152k)."""
+VOCAB_CHUNK_ELEMENTS = 1 << 25
+"""The most logits `vocab_logprobs` holds at once: chunks of rows x V within this (32M, 128 MB
+in float32; 682 rows of SmolLM2's 49,152-token vocabulary, 220 of Qwen2.5's 152k). More rows
+pay a second projection in the backward and per chunk a cast of the head's weights (~1.7x the
+head's time, docs/performance.md); a `smol` MEM1 micro-batch (~400 generated) is one chunk."""
 
 
 def vocab_chunk_rows(vocab_size: int) -> int:
@@ -213,7 +215,12 @@ def vocab_logprobs(
 def _vocab_chunk(
     h: Tensor, targets: Tensor, *, lm_head: nn.Module, temperature: float, entropy: bool
 ) -> tuple[Tensor, ...]:
-    logp_all = F.log_softmax(lm_head(h).float() / temperature, dim=-1)
+    logits = lm_head(h)
+    if temperature != 1.0:
+        logits = logits.float() / temperature
+    # In float32 whatever the logits' dtype: the cast fused into the softmax, one pass over
+    # (rows, V) fewer each way (the same numbers as casting first).
+    logp_all = F.log_softmax(logits, dim=-1, dtype=torch.float32)
     logp = logp_all.gather(-1, targets[:, None])[:, 0]
     return (logp, entropy_of(logp_all)) if entropy else (logp,)
 
