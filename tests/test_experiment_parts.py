@@ -55,7 +55,7 @@ def test_a_seed_selects_its_arms_warm_starts_and_agents_and_keeps_the_whole():
     [
         ([7], None, "no arm trains seed [7]; its seeds are [0, 1, 2]"),
         ([2], "keep", "no arm of part keep trains seed [2]; its seeds are [0, 1]"),
-        (None, "levers", "no part 'levers'; its parts are ['paper', 'mem1', 'full', 'upto4', 'curriculum', 'keep']"),
+        (None, "levers", "no part 'levers'; its parts are ['paper', 'mem1', 'full', 'mem1-ppo', 'upto4', 'curriculum', 'keep']"),
     ],
 )  # fmt: skip
 def test_a_part_that_is_not_there_is_refused_in_one_line(seeds, part, message):
