@@ -3,8 +3,9 @@
     python benchmarks/roofline.py [--profile smol] [--tasks 4] [--set K=V ...] [--threads 2]
     python benchmarks/roofline.py --metrics RUN/metrics.jsonl [--profile smol]
 
-Runs one iteration in process (`train_rl` without Ray, the profile's settings, its untrained
-model unless `--init`), or reads the rows of a run's metrics.jsonl (`--metrics`). Then
+Runs one iteration in process (a rollout worker's rollout, then the learner's update, as the
+loop runs them without Ray; the profile's settings, its untrained model unless `--init`), or
+reads the rows of a run's metrics.jsonl (`--metrics`). Then
 measures, in this process and on these threads, the peak of a 2048 x 2048 matmul in the
 compute dtype the profile's `model.autocast` picks on this CPU, and a 256 MiB copy's bandwidth,
 and prints for each iteration and phase its work (the `train/work_*` columns,
@@ -42,25 +43,35 @@ LEARNER_SECONDS = (*PHASE_FLOPS.values(), "train/phase_advantages_seconds")
 
 
 def one_iteration(profile: str, tasks: int, init: str | None, settings: list[str]) -> list[dict]:
-    """One PPO iteration of `profile` in process, `tasks` tasks in one minibatch."""
+    """One PPO iteration of `profile` in process, as the loop runs it without Ray: a rollout
+    worker's rollout of `tasks` training tasks, then one learner update in one minibatch
+    (no evaluation, no checkpoint). -> its row, named as in metrics.jsonl."""
     from mem1_core.config import load_config
-    from mem1_core.training.train_rl import train_rl
+    from mem1_core.domains.inputs import load_tasks, prepare
+    from mem1_core.training.learner import Learner
+    from mem1_core.training.workers import RolloutWorker
 
+    micro = min(tasks, load_config(profile).ppo.micro_batch_size)
     cfg = load_config(
         profile,
         overrides=[
-            "ppo.iterations=1",
             f"ppo.tasks_per_iteration={tasks}",
             f"ppo.minibatch_size={tasks}",
-            f"ppo.micro_batch_size={min(tasks, load_config(profile).ppo.micro_batch_size)}",
-            "data.eval_objectives=[2]",
-            "data.max_eval_tasks=1",
+            f"ppo.micro_batch_size={micro}",
             *settings,
         ],
     )
-    out = Path(tempfile.mkdtemp(prefix="mem1-roofline-")) / "ppo"
-    train_rl(cfg, out, init=init, use_ray=False, show=False)
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    root = tempfile.mkdtemp(prefix="mem1-roofline-")
+    paths = prepare(cfg, root)
+    chosen = load_tasks(cfg, paths, "train", cfg.data.train_objectives)[:tasks]
+    worker = RolloutWorker(cfg, root, init=init)
+    learner = Learner(cfg, root, init=init)
+    t0 = time.perf_counter()
+    trajs = worker.rollout(chosen, seed=0, samples_per_task=cfg.ppo.samples_per_task)
+    rollout_seconds = time.perf_counter() - t0
+    stats = learner.update(trajs, 0)
+    return [{"iteration": 0, "rollout_seconds": rollout_seconds}
+            | {f"train/{k}": v for k, v in stats.items()}]  # fmt: skip
 
 
 def roofline(row: dict, peak_flops: float, bandwidth: float) -> dict:
