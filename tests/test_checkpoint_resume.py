@@ -200,9 +200,9 @@ import sys, time
 from pathlib import Path
 
 from mem1_core.cli.main import main
-from mem1_core.training import train_rl
+from mem1_core.training import iteration_log
 
-logged = train_rl.MetricsSink.log
+logged = iteration_log.MetricsSink.log
 
 
 def log_then_hold(self, record):
@@ -212,7 +212,7 @@ def log_then_hold(self, record):
         time.sleep(3600)
 
 
-train_rl.MetricsSink.log = log_then_hold
+iteration_log.MetricsSink.log = log_then_hold
 sys.exit(main(sys.argv[2:]))
 """
 """The real `mem1 train ppo`, held (until the test's SIGKILL) right after iteration 2's

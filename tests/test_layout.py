@@ -94,3 +94,15 @@ def test_packages_import_one_way():
     unexplained = {pair: files for pair, files in upward.items() if pair not in UPWARD}
     assert not unexplained, f"imports against the layer order (LAYERS): {unexplained}"
     assert len(UPWARD) <= 3 and set(UPWARD) <= set(upward), "an exception no code needs: drop it"
+
+
+MAX_LINES = 450
+"""One concept per module, a few hundred lines each (docs/design.md §3)."""
+
+
+def test_no_module_is_over_450_lines():
+    root = PACKAGE.parent
+    long = {str(p.relative_to(root)): n for d in ("mem1_core", "flows", "deployments")
+            for p in (root / d).rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}  # fmt: skip
+    assert not long, f"modules over {MAX_LINES} lines (split them along what they do): {long}"

@@ -206,7 +206,7 @@ def test_update_with_zero_lr_changes_nothing(policy, trajs, small_tokenizer):
     assert stats["optimizer_steps"] == 1 and stats["skipped_steps"] == 0
     assert stats["policy_grad_norm"] > 0 and stats["critic_grad_norm"] > 0
     # the named phase timers reach the progress line (rollout's is the driver's)
-    from mem1_core.training.train_rl import phase_line
+    from mem1_core.training.iteration_log import phase_line
 
     record = {"rollout_seconds": 1.25, **{f"train/{k}": v for k, v in stats.items()}}
     assert phase_line(record).startswith("rollout 1.2s old-logp ")

@@ -333,7 +333,7 @@ def test_one_ppo_iteration_on_two_tasks_flags_no_signal(smol_dir, tmp_path, capl
 def test_reward_signal_against_its_definition() -> None:
     """no_signal: every reward equal; no_signal_groups: the share of multi-sample tasks whose
     samples tied (absent with one sample per task)."""
-    from mem1_core.training.train_rl import reward_signal
+    from mem1_core.training.iteration_log import reward_signal
 
     def trajs(groups: list[list[float]]) -> list[Trajectory]:
         out = []
