@@ -128,7 +128,7 @@ def _teacher_trajs(tok, tmp_path):
 def test_the_follower_shows_no_line_a_stopped_run_left_behind(tmp_path, capsys):
     """A resumed run directory holds the stopped run's last progress.json: the launcher's
     status line waits for the resumed run's own, instead of a clock running on from it."""
-    from deployments.launch import StatusLine
+    from deployments.follow import StatusLine
 
     path = tmp_path / "progress.json"
     with Progress("warm start", total=40, path=path) as p:
