@@ -86,7 +86,8 @@ def claims_block(h: dict[str, Any]) -> str:
     """The claims table with its bar, alone."""
     from mem1_core.experiment.report import claims_heading, claims_markdown
 
-    return f"Claims ({claims_heading(h)}):\n\n{claims_markdown(h).rstrip()}\n"
+    status = f"**Not finished:** {'; '.join(h['pending'])}.\n\n" if h.get("pending") else ""
+    return f"{status}Claims ({claims_heading(h)}):\n\n{claims_markdown(h).rstrip()}\n"
 
 
 def _f(v: float | None, se: float | None = None, digits: int = 3) -> str:
@@ -101,7 +102,10 @@ def results_markdown(h: dict[str, Any]) -> str:
     rows pooled on the held-out worlds, and each part's run, commit, minutes and CPU."""
     from mem1_core.experiment.report import claims_heading, claims_markdown, parts_markdown
 
-    out = [f"Claims ({claims_heading(h)}):", "", claims_markdown(h).rstrip(), ""]
+    out = []
+    if h.get("pending"):
+        out += [f"**Not finished:** {'; '.join(h['pending'])}.", ""]
+    out += [f"Claims ({claims_heading(h)}):", "", claims_markdown(h).rstrip(), ""]
     if h.get("effects"):
         out += ["Effects (measured, not claimed; paired against the paper's arm, per seed and "
                 "pooled):", "", claims_markdown(h, "effects").rstrip(), ""]  # fmt: skip
