@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from mem1_core.config import Config
 from mem1_core.experiment.configs import base_config
 from mem1_core.experiment.merge import headline_of, merge_records
 from mem1_core.experiment.parse import load_experiment
@@ -25,6 +26,7 @@ from mem1_core.experiment.records import (
     RecordsError,
     export_run,
     read_records,
+    training_settings,
     write_records,
 )
 from mem1_core.experiment.report import write_experiment_headline
@@ -230,6 +232,29 @@ def test_a_merge_refuses_what_does_not_pair_in_one_line(runs):
     assert len(merge_records([export_run(root / "seed0"), b]).parts) == 2
     b.experiment = {**b.experiment, "se_bar": 3.0}
     _one_line([export_run(root / "seed0"), b], "seed1: experiment.se_bar differs")
+
+
+def test_parts_run_at_different_commits_merge_while_they_train_the_same(runs):
+    """A field added to the code after a part ran (recorded by the later part at its default),
+    or removed since (recorded by the earlier part only), is no difference; a value off the
+    default is, in an arm's settings and in a warm start's."""
+    root, _ = runs
+    a, b = export_run(root / "seed0"), export_run(root / "seed1")
+    old = dict(a.arms[0]["settings"])
+    defaults = training_settings(Config())
+    new_field = next(k for k, v in sorted(old.items()) if defaults.get(k) == v)
+    a.arms[0]["settings"] = {k: v for k, v in old.items() if k != new_field}
+    a.arms[0]["settings"]["ppo.a_field_since_removed"] = 3
+    a.starts["plain"]["settings"]["ppo.a_field_since_removed"] = 3
+    assert len(merge_records([a, b]).arms) == len(a.arms) + len(b.arms)
+    b.arms[0]["settings"] = {**b.arms[0]["settings"], "ppo.actor_lr": 1.0}
+    _one_line([a, b], f"arms ({b.arms[0]['arm']}, seed 1).settings.ppo.actor_lr differs")
+    b = export_run(root / "seed1")
+    b.starts["plain"]["settings"] = {**b.starts["plain"]["settings"], "sft.steps": 1}
+    _one_line([a, b], "seed1: starts.plain.settings.sft.steps differs", "other settings")
+    del a.starts["plain"]["settings"]  # a record from before starts recorded their settings
+    b.starts["plain"]["settings_hash"] = "0" * 16
+    _one_line([a, b], "seed1: starts.plain.settings_hash differs")
 
 
 def test_report_merges_sources_on_the_command_line(runs, tmp_path, capsys):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mem1_core.experiment.records import Records, RecordsError
+from mem1_core.experiment.records import Records, RecordsError, settings_changes
 
 
 def _src(r: Records) -> str:
@@ -30,6 +30,15 @@ def _src(r: Records) -> str:
 def _first_difference(a: dict, b: dict) -> str:
     keys = sorted(set(a) | set(b))
     return next((k for k in keys if a.get(k) != b.get(k)), "?")
+
+
+def _start_changes(a: dict, b: dict) -> list[str]:
+    """What differs in a warm start's training between two parts: its settings, field by field
+    (settings_changes), where both records hold them; its settings hash where one predates
+    that."""
+    if "settings" in a and "settings" in b:
+        return [f"settings.{k}" for k in settings_changes(a["settings"], b["settings"])]
+    return ["settings_hash"] if a["settings_hash"] != b["settings_hash"] else []
 
 
 MERGE_ONLY = ("parts", "pair_across_starts")
@@ -69,8 +78,8 @@ def merge_records(recs: list[Records]) -> Records:
                                "parts train differently")  # fmt: skip
         for w, s in r.starts.items():
             seen = starts.setdefault(w, (s, src))
-            if seen[0]["settings_hash"] != s["settings_hash"]:
-                raise RecordsError(f"{src}: starts.{w}.settings_hash differs from {seen[1]}'s: "
+            if changed := _start_changes(seen[0], s):
+                raise RecordsError(f"{src}: starts.{w}.{changed[0]} differs from {seen[1]}'s: "
                                    "the warm start trained under other settings")  # fmt: skip
             if seen[0]["weights_hash"] != s["weights_hash"] and not across:
                 raise RecordsError(
@@ -85,8 +94,8 @@ def merge_records(recs: list[Records]) -> Records:
                                    f"{arms[key]}: a duplicate arm × seed")  # fmt: skip
             arms[key] = src
             seen = settings.setdefault(a["arm"], (a["settings"], src))
-            if seen[0] != a["settings"]:
-                field = _first_difference(seen[0], a["settings"])
+            if changed := settings_changes(seen[0], a["settings"]):
+                field = changed[0]
                 raise RecordsError(f"{src}: arms ({a['arm']}, seed {a['seed']}).settings.{field} "
                                    f"differs from {seen[1]}'s: one arm, two trainings")  # fmt: skip
             out.arms.append(a)

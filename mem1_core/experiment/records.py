@@ -142,6 +142,27 @@ def training_settings(cfg) -> dict[str, Any]:
             if not any(k == x or k.startswith(x + ".") for x in skip)}  # fmt: skip
 
 
+def settings_changes(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """The training settings (training_settings's flattened fields) that differ between two
+    records, by the rule a resumed run's config is held to (mem1_core.config.loader.
+    config_changes): a field one record lacks was added to the code after it was written and
+    ran as its default, so it differs only where the other record's value is not the default;
+    a field the code no longer has, recorded by one of them only, differs nowhere. Parts run
+    at different commits merge while they train the same."""
+    from mem1_core.config import Config
+
+    defaults = training_settings(Config())
+    absent = object()
+    out = []
+    for k in sorted(set(a) | set(b)):
+        va, vb = a.get(k, absent), b.get(k, absent)
+        if (va is absent or vb is absent) and k not in defaults:
+            continue
+        if (defaults[k] if va is absent else va) != (defaults[k] if vb is absent else vb):
+            out.append(k)
+    return out
+
+
 def settings_hash(settings: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -206,7 +227,8 @@ def export_run(run_dir: str | Path, samples: int = 0) -> Records:
         if ws in starts:
             out.starts[ws] = {
                 "weights_hash": policy_hash(warm_start_dir(run_dir, ws), hashes),
-                "settings_hash": settings_hash(training_settings(warm_start_config(spec, ws))),
+                "settings": (ws_settings := training_settings(warm_start_config(spec, ws))),
+                "settings_hash": settings_hash(ws_settings),
             }
     for run in arm_runs(spec, run_dir):
         a = spec.arms[run.arm]
