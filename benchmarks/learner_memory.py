@@ -165,8 +165,8 @@ def teacher_trajectories(args, root: Path) -> None:
     """The scripted teacher's trajectories of `args.tasks` training tasks, into `root`."""
     from mem1_core.config import load_config
     from mem1_core.domains.inputs import ensure_tokenizer, load_tasks, make_env, prepare
+    from mem1_core.qa.teacher import ScriptedTeacher
     from mem1_core.rollout.loop import rollout
-    from mem1_core.rollout.teacher import ScriptedTeacher
     from mem1_core.trajectory.record import write_trajectories
 
     cfg = load_config(args.profile, overrides=_overrides(args, ""))

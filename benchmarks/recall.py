@@ -85,8 +85,8 @@ def emit(record: dict) -> None:
 
 def cmd_teacher(args) -> None:
     from mem1_core.domains.inputs import load_tasks
+    from mem1_core.qa.teacher import ScriptedTeacher
     from mem1_core.rollout.loop import rollout
-    from mem1_core.rollout.teacher import ScriptedTeacher
 
     cfg, paths, tok, env = setup(args)
     rate = cfg.teacher.forget_rate

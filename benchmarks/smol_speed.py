@@ -63,8 +63,8 @@ def contexts_of(n: int, batch: int):
     first turn with its <info>, as a second turn reads them."""
     from mem1_core.config import load_config
     from mem1_core.domains.inputs import ensure_tokenizer, load_tasks, make_env, prepare
+    from mem1_core.qa.teacher import ScriptedTeacher
     from mem1_core.rollout.loop import rollout
-    from mem1_core.rollout.teacher import ScriptedTeacher
 
     cfg = load_config("smol", overrides=[f"data.max_eval_tasks={batch}"])
     paths = prepare(cfg, Path(tempfile.mkdtemp(prefix="mem1-smol-speed-")))

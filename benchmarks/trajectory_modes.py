@@ -88,8 +88,8 @@ def make_trajectories(ns: list[int], tasks: int, out: Path, layers: int | None) 
     """The teacher's MEM1 trajectories at each N, with the rollout's log-probs filled in."""
     from mem1_core.config import load_config
     from mem1_core.domains.inputs import ensure_tokenizer, load_tasks, make_env, prepare
+    from mem1_core.qa.teacher import ScriptedTeacher
     from mem1_core.rollout.loop import rollout
-    from mem1_core.rollout.teacher import ScriptedTeacher
     from mem1_core.trajectory.logprobs import per_turn_logprobs
     from mem1_core.trajectory.record import turn_paths, write_trajectories
 

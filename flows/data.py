@@ -1,5 +1,5 @@
 """Flow `compose-tasks`: build (or load) the questions and compose N-objective tasks, in the
-run layout of mem1_core.data.run_tasks (world/, tasks/{split}_n{N}.parquet)."""
+run layout of mem1_core.qa.tasks (world/, tasks/{split}_n{N}.parquet)."""
 
 from __future__ import annotations
 

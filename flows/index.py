@@ -19,12 +19,12 @@ from mem1_core.config import Config
 
 @task(name="corpus", cache_policy=None)
 def corpus_path(cfg: Config, out: Path) -> Path:
-    """The profile's corpus file: the generated world's (built if missing), or
-    `retrieval.corpus`."""
-    from mem1_core.data.run_tasks import corpus_path as run_corpus
+    """The corpus the run's domain searches (QA: the generated world's, built if missing, or
+    `retrieval.corpus`)."""
+    from mem1_core.domains.registry import domain_of
     from mem1_core.runs.layout import RunPaths
 
-    return run_corpus(cfg, RunPaths(out))
+    return domain_of(cfg).index_corpus(cfg, RunPaths(out))
 
 
 # No Prefect cache: `ensure_index` caches on the corpus fingerprint itself, which also
@@ -76,8 +76,7 @@ def build_index_flow(
         print(f"retrieval served at {cfg.retrieval.url}: no index to build")
         return {"url": cfg.retrieval.url, "kind": cfg.retrieval.kind}
     if not domain_of(cfg).uses_index(cfg):
-        print(f"env.kind={cfg.env.kind}, retrieval.backend={cfg.retrieval.backend}: the run "
-              "searches no index of its own, none to build")  # fmt: skip
+        print(f"env.kind={cfg.env.kind}: the run searches no index of its own, none to build")
         return {"kind": "none"}
     if cfg.retrieval.index is not None:  # prebuilt (`mem1 index`): used as it is
         result = describe(prebuilt_index(cfg), built=False)

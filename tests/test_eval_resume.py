@@ -15,9 +15,9 @@ from mem1_core.data.compose import compose
 from mem1_core.data.qa_data import world_questions
 from mem1_core.evaluation.scaling import Agent, evaluate_scaling
 from mem1_core.evaluation.stage import policy_source
-from mem1_core.rollout.env import QAEnvironment
+from mem1_core.qa.env import QAEnvironment
+from mem1_core.qa.teacher import ScriptedTeacher
 from mem1_core.rollout.loop import tasks_from_table
-from mem1_core.rollout.teacher import ScriptedTeacher
 
 CFG = RolloutConfig()
 

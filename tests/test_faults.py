@@ -252,7 +252,7 @@ def test_policy_without_weights_is_refused_before_the_run_starts(tmp_path, capsy
 
 def test_task_file_missing_a_column_and_a_corrupt_index(tmp_path, capsys):
     from mem1_core.domains.inputs import prepare
-    from mem1_core.retrieval.run_index import ensure_run_index
+    from mem1_core.domains.registry import domain_of
     from mem1_core.runs.layout import RunPaths
 
     cfg = load_config("smoke")
@@ -268,7 +268,7 @@ def test_task_file_missing_a_column_and_a_corrupt_index(tmp_path, capsys):
     assert _written(out) == []
     pq.write_table(table, tasks)
 
-    index = ensure_run_index(cfg, RunPaths(out))
+    index = domain_of(cfg).ensure_index(cfg, RunPaths(out))
     data = next(index.glob("bm25s/data.*"))
     os.truncate(data, data.stat().st_size // 2)
     rc, err = _cli(["search", "--index", str(index), "capital"], capsys)
@@ -278,7 +278,7 @@ def test_task_file_missing_a_column_and_a_corrupt_index(tmp_path, capsys):
     rc, err = _cli(["serve-retriever", "--index", str(index)], capsys)
     assert rc == 2 and "manifest.json is corrupt" in err and "mem1 index" in err
     # a training run rebuilds an index it finds corrupt instead of failing in a Ray actor
-    assert ensure_run_index(cfg, RunPaths(out)) == index
+    assert domain_of(cfg).ensure_index(cfg, RunPaths(out)) == index
     assert json.loads((index / "manifest.json").read_text())["file_bytes"]
 
 

@@ -53,8 +53,8 @@ def test_no_import_cycles():
             visit(module, [module])
 
 
-LAYERS = ["cli", "experiment", "webshop", "training", "evaluation", "domains", "rollout",
-          "retrieval", "rl", "trajectory", "models", "data", "runs", "config"]  # fmt: skip
+LAYERS = ["cli", "experiment", "websearch", "webshop", "training", "evaluation", "qa", "domains",
+          "rollout", "retrieval", "rl", "trajectory", "models", "data", "runs", "config"]  # fmt: skip
 """mem1_core's packages from the top layer down (docs/design.md, "Layers"): a package imports
 only the packages below it. A domain's own package (webshop) sits above the layers it plugs
 into; the registry that names it is data in config (mem1_core.config.domains)."""

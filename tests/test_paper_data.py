@@ -13,10 +13,10 @@ import pytest
 
 from mem1_core.cli.main import main
 from mem1_core.config import load_config
-from mem1_core.data.run_tasks import ensure_tasks
+from mem1_core.domains.registry import domain_of
+from mem1_core.qa.tasks import ensure_tasks
 from mem1_core.retrieval import load_index
 from mem1_core.retrieval.corpus import format_contents
-from mem1_core.retrieval.run_index import make_retriever
 from mem1_core.runs.layout import RunPaths
 
 PEOPLE = ["Arla Venn", "Tobin Marsh", "Iselde Crane", "Oru Pask", "Meret Dole", "Cass Ilvane"]
@@ -109,7 +109,7 @@ def test_bm25_index_tasks_and_config(files, tmp_path: Path, capsys) -> None:
         split, n = name.split("_n")
         ours = pq.read_table(out / "tasks" / f"{name}.parquet")
         assert ours.equals(pq.read_table(ensure_tasks(cfg, run, split, int(n))))
-    hits = make_retriever(cfg, run).search(["who founded Sable Quay"], 1)[0]
+    hits = domain_of(cfg).retriever(cfg, run).search(["who founded Sable Quay"], 1)[0]
     assert hits[0].title == "Sable Quay"
     assert not run.indexes.exists()  # the prebuilt index is used as it is
 

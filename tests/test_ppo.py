@@ -15,6 +15,7 @@ import torch
 
 from mem1_core.config import ModelConfig, PPOConfig, RolloutConfig
 from mem1_core.models.model import build_tiny_model
+from mem1_core.qa.env import QAEnvironment
 from mem1_core.rl.batch import Models, Targets, make_rollout_batch
 from mem1_core.rl.critic import Critic
 from mem1_core.rl.passes import (
@@ -26,7 +27,6 @@ from mem1_core.rl.passes import (
     score,
 )
 from mem1_core.rl.ppo import correct_rollout, estimate_advantages, update
-from mem1_core.rollout.env import QAEnvironment
 from mem1_core.rollout.generation import HFBackend
 from mem1_core.rollout.loop import rollout
 from mem1_core.trajectory.logprobs import forward_tree, per_turn_logprobs

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from mem1_core.data.prompts import task_prompt
+from mem1_core.qa.teacher import ScriptedTeacher
 from mem1_core.rollout.loop import Task
-from mem1_core.rollout.teacher import ScriptedTeacher
 from mem1_core.training.pretrain_data import _question_drill_rows, question_drill_text
 from mem1_core.trajectory.record import Trajectory
 
@@ -64,7 +64,7 @@ def test_drill_rows_are_the_prompt_and_turn_ids_end_to_end(small_world, small_to
 def test_a_task_file_of_another_composer_version_is_composed_again(tmp_path):
     from mem1_core.config import load_config
     from mem1_core.data.compose import COMPOSER_VERSION
-    from mem1_core.data.run_tasks import ensure_tasks
+    from mem1_core.qa.tasks import ensure_tasks
     from mem1_core.runs.layout import RunPaths
 
     cfg = load_config("smoke")

@@ -14,7 +14,7 @@ from mem1_core.data.prompts import (
     task_prompt,
     turns_left_hint,
 )
-from mem1_core.rollout.env import QAEnvironment, info_body
+from mem1_core.qa.env import QAEnvironment, info_body
 from mem1_core.trajectory.record import Action, Trajectory, Turn
 
 

@@ -20,7 +20,8 @@ import torch
 from mem1_core.config import MEMORIES, ModelConfig, RolloutConfig, load_config
 from mem1_core.data.prompts import split_answers
 from mem1_core.models.model import build_tiny_model
-from mem1_core.rollout.env import QAEnvironment, format_passages, info_body
+from mem1_core.qa.env import QAEnvironment, format_passages, info_body
+from mem1_core.qa.teacher import ScriptedTeacher, Step, task_steps
 from mem1_core.rollout.generation import Generation
 from mem1_core.rollout.loop import rollout
 from mem1_core.rollout.recall import (
@@ -32,7 +33,6 @@ from mem1_core.rollout.recall import (
     store,
     terms,
 )
-from mem1_core.rollout.teacher import ScriptedTeacher, Step, task_steps
 from mem1_core.trajectory.logprobs import per_turn_logprobs, token_logprobs
 from mem1_core.trajectory.record import (
     Action,
@@ -315,7 +315,7 @@ def test_the_teacher_takes_nothing_from_a_recall_that_brings_nothing_back(
 ):
     """Facts come only from the recalled <info>, never from the teacher's own plan: with a
     store that answers every recall "No results.", what it forgot stays `?`."""
-    import mem1_core.rollout.env as qa_env
+    import mem1_core.qa.env as qa_env
 
     monkeypatch.setattr(qa_env, "recall", lambda traj, query: "No results.")
     tasks = _tasks(small_world, 2)[:10]

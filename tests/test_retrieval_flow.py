@@ -51,7 +51,7 @@ def test_a_prebuilt_index_is_used_as_it_is(tmp_path):
     """retrieval.index (built by `mem1 index`, e.g. on GPUs): reported, never rebuilt, its
     corpus not read; its kind must be retrieval.kind."""
     from flows.index import build_index_flow, build_or_reuse, corpus_path
-    from mem1_core.retrieval.run_index import ensure_run_index
+    from mem1_core.domains.registry import domain_of
     from mem1_core.runs.layout import RunPaths
 
     smoke = load_config("smoke")
@@ -61,11 +61,10 @@ def test_a_prebuilt_index_is_used_as_it_is(tmp_path):
     run = tmp_path / "run"
     out = build_index_flow.fn(profile="smoke", overrides=given, out_dir=str(run))
     assert out["index"] == built["index"] and out["cached"] and not run.exists()
-    assert ensure_run_index(load_config("smoke", overrides=given), RunPaths(run)) == Path(
-        out["index"]
-    )
+    prebuilt = load_config("smoke", overrides=given)
+    assert domain_of(prebuilt).ensure_index(prebuilt, RunPaths(run)) == Path(out["index"])
     dense = load_config("smoke", overrides=[*given, "retrieval.kind=dense"])
     with pytest.raises(ValueError, match="is a bm25 index: set retrieval.kind=bm25"):
-        ensure_run_index(dense, RunPaths(run))
+        domain_of(dense).ensure_index(dense, RunPaths(run))
     served = build_index_flow.fn(profile="smoke", overrides=[*overrides, "retrieval.url=http://x"])
     assert served == {"url": "http://x", "kind": "bm25"}

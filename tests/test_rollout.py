@@ -13,7 +13,7 @@ from conftest import MALFORMED_TURNS
 
 from mem1_core.config import ModelConfig, RolloutConfig
 from mem1_core.models.model import build_tiny_model
-from mem1_core.rollout.env import QAEnvironment
+from mem1_core.qa.env import QAEnvironment
 from mem1_core.rollout.generation import HFBackend, SamplingParams
 from mem1_core.rollout.kv_cache import TurnCache
 from mem1_core.rollout.loop import rollout

@@ -37,7 +37,7 @@ from mem1_core.models.gguf import (
 )
 from mem1_core.models.model import compute_context, count_parameters, load_model, set_compute
 from mem1_core.models.tokenizer import load_tokenizer
-from mem1_core.rollout.env import FORMAT_HINT, QAEnvironment
+from mem1_core.qa.env import FORMAT_HINT, QAEnvironment
 from mem1_core.rollout.generation import HFBackend, SamplingParams
 from mem1_core.rollout.loop import rollout
 from mem1_core.rollout.memory import get_memory

@@ -10,9 +10,9 @@ import torch
 
 from mem1_core.config import ModelConfig, RolloutConfig
 from mem1_core.models.model import build_tiny_model
-from mem1_core.rollout.env import QAEnvironment
+from mem1_core.qa.env import QAEnvironment
+from mem1_core.qa.teacher import ScriptedTeacher
 from mem1_core.rollout.loop import rollout
-from mem1_core.rollout.teacher import ScriptedTeacher
 from mem1_core.training.sft import (
     eval_steps,
     lr_at,
@@ -44,8 +44,8 @@ def env(small_tokenizer, small_index):
 def test_teacher_refuses_tasks_without_plans(small_tasks):
     """The teacher plays from the world's plans. Real questions (HotpotQA, NQ) have none: it
     would answer `?` to all of them, and SFT on that would teach exactly that."""
+    from mem1_core.qa.teacher import can_play
     from mem1_core.rollout.loop import Task
-    from mem1_core.rollout.teacher import can_play
 
     real = Task("nq-0", "Question 1: who?\n", ["who?"], [["Ilse Varro", "Varro"]], ["[]"])
     assert can_play(small_tasks) and not can_play([real]) and not can_play([*small_tasks, real])
@@ -180,8 +180,8 @@ def test_a_slots_teacher_lists_every_question_pending_until_its_first_lookup(
     from mem1_core.data.compose import compose
     from mem1_core.data.prompts import IS_CLOSE, IS_OPEN
     from mem1_core.data.qa_data import world_questions
+    from mem1_core.qa.teacher import task_steps
     from mem1_core.rollout.loop import tasks_from_table
-    from mem1_core.rollout.teacher import task_steps
 
     def entries(gen_text: str) -> dict[str, str]:
         state = gen_text.split(IS_OPEN)[1].split(IS_CLOSE)[0]
@@ -306,8 +306,8 @@ def test_context_loss_is_the_plain_language_model_loss_on_environment_tokens(
 
 def test_teacher_worlds_are_fresh_and_train_only(small_world_config, tmp_path):
     from mem1_core.config import load_config
-    from mem1_core.data.run_tasks import teacher_world
     from mem1_core.domains.inputs import load_tasks
+    from mem1_core.qa.tasks import teacher_world
     from mem1_core.runs.layout import RunPaths
 
     cfg = load_config("smoke")
@@ -468,7 +468,7 @@ def test_a_repeated_n_weights_the_warm_start_data(tmp_path, monkeypatch, capsys)
 def test_an_objective_whose_lookups_ran_out_of_turns_is_answered_unknown():
     """Forced to answer before its lookups are done (a turn budget under two per objective),
     the teacher says it does not know, for a comparison as for a chain, instead of failing."""
-    from mem1_core.rollout.teacher import UNKNOWN, Step, final_answer
+    from mem1_core.qa.teacher import UNKNOWN, Step, final_answer
 
     comparison = [Step(0, "Ana Bel", "Ana Bel", "1901"), Step(0, "Cor Dan", "Cor Dan", "1890")]
     assert final_answer(comparison, ["1901", "1890"]) == "Cor Dan"

@@ -30,10 +30,10 @@ from mem1_core.data.prompts import ANSWER_CLOSE, IS_OPEN, QUERY_CLOSE, TAGS
 from mem1_core.models.model import load_model
 from mem1_core.models.tags import tag_codec, tag_scheme, token_ends, turn_text
 from mem1_core.models.tokenizer import load_tokenizer
-from mem1_core.rollout.env import QAEnvironment
+from mem1_core.qa.env import QAEnvironment
+from mem1_core.qa.teacher import ScriptedTeacher
 from mem1_core.rollout.generation import HFBackend, SamplingParams, StopStrings
 from mem1_core.rollout.loop import rollout
-from mem1_core.rollout.teacher import ScriptedTeacher
 from mem1_core.trajectory.logprobs import per_turn_logprobs, token_logprobs
 from mem1_core.trajectory.record import Action, SegmentKind, turn_paths
 from mem1_core.trajectory.tree import collate, flatten

@@ -86,7 +86,7 @@ def hf(model, small_tokenizer):
 
 @pytest.fixture(scope="module")
 def env(small_tokenizer, small_index):
-    from mem1_core.rollout.env import QAEnvironment
+    from mem1_core.qa.env import QAEnvironment
 
     return QAEnvironment(small_tokenizer, small_index, topk=2)
 
@@ -301,7 +301,7 @@ TEXT_STOPS_SCRIPT = textwrap.dedent(
     from mem1_core.config import ModelConfig
     from mem1_core.models.tags import turn_text
     from mem1_core.models.tokenizer import load_tokenizer
-    from mem1_core.rollout.env import STOP_TAGS
+    from mem1_core.qa.env import STOP_TAGS
     from mem1_core.rollout.generation import HFBackend, SamplingParams, StopStrings
     from mem1_core.rollout.generation_vllm import VLLMBackend
 

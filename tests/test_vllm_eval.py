@@ -136,9 +136,9 @@ def test_cells_played_elsewhere_read_back_as_reused_ones(
     from mem1_core.data.qa_data import world_questions
     from mem1_core.evaluation.evaluate import run_eval
     from mem1_core.evaluation.scaling import Agent, evaluate_scaling
-    from mem1_core.rollout.env import QAEnvironment
+    from mem1_core.qa.env import QAEnvironment
+    from mem1_core.qa.teacher import ScriptedTeacher
     from mem1_core.rollout.loop import tasks_from_table
-    from mem1_core.rollout.teacher import ScriptedTeacher
 
     pytest.importorskip("matplotlib")  # evaluate_scaling draws; the vLLM venv has no matplotlib
     env = QAEnvironment(small_tokenizer, small_index, topk=3)

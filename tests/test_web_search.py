@@ -12,18 +12,16 @@ import time
 import pytest
 
 from mem1_core.config import load_config
-from mem1_core.retrieval.response_cache import ResponseCache
-from mem1_core.retrieval.run_index import make_retriever
-from mem1_core.retrieval.search_standin import Faults, snippet, standin_server
-from mem1_core.retrieval.web_search import (
+from mem1_core.qa.env import NO_RESULTS, format_passages
+from mem1_core.websearch.cache import ResponseCache
+from mem1_core.websearch.client import (
     WebSearchError,
     WebSearchRetriever,
     WebSearchSettings,
     WebSearchUnavailable,
     organic_hits,
 )
-from mem1_core.rollout.env import NO_RESULTS, format_passages
-from mem1_core.runs.layout import RunPaths
+from mem1_core.websearch.standin import Faults, snippet, standin_server
 
 KEY_ENV = "MEM1_TEST_SEARCH_KEY"
 KEY = "test-key-123"
@@ -213,22 +211,37 @@ def test_snippets_are_cut_at_a_word():
     assert snippet("one two three", 9) == "one two ..."
 
 
-def test_the_config_selects_the_web_backend(standin, questions, tmp_path):
-    cfg = load_config(
-        "smoke",
-        overrides=[
-            "retrieval.backend=web",
-            f"retrieval.web_endpoint={standin.url}",
-            f"retrieval.web_api_key_env={KEY_ENV}",
-        ],
-    )
-    r = make_retriever(cfg, RunPaths(tmp_path))
-    assert isinstance(r, WebSearchRetriever)
-    assert len(r.search(questions[:1], cfg.retrieval.topk)[0]) == cfg.retrieval.topk
-    assert len(ResponseCache(tmp_path / "web_cache")) == 1  # the run's own cache by default
+def test_the_websearch_domain_is_qa_searching_the_web(standin, small_index, tmp_path):
+    """`env.kind=websearch` is the QA domain with the web API as its search tool: it builds no
+    index, and the scripted teacher plays the same episodes through the stand-in (whole
+    snippets) as through the local index, turn for turn and reward for reward."""
+    from mem1_core.domains.inputs import load_tasks, make_env, prepare
+    from mem1_core.domains.registry import domain_of
+    from mem1_core.models.tokenizer import load_tokenizer
+    from mem1_core.training.sft import teacher_trajectories
+
+    web_set = ["env.kind=websearch", f"retrieval.web_endpoint={standin.url}",
+               f"retrieval.web_api_key_env={KEY_ENV}"]  # fmt: skip
+    cfg = load_config("smoke", overrides=web_set)
+    paths = prepare(cfg, tmp_path)
+    assert not domain_of(cfg).uses_index(cfg) and not paths.indexes.exists()
+    tok = load_tokenizer(paths.tokenizer)
+    env = make_env(cfg, paths, tok)
+    assert isinstance(env.retriever, WebSearchRetriever)
+    local = make_env(load_config("smoke"), paths, tok, small_index)
+    tasks = load_tasks(cfg, paths, "test", 2)[:4]
+    played = {
+        name: teacher_trajectories(tasks, tok, e, cfg.rollout, memory="mem1")
+        for name, e in (("web", env), ("local", local))
+    }
+    texts = {k: [[t.gen_text for t in tr.turns] for tr in v] for k, v in played.items()}
+    assert texts["web"] == texts["local"] and sum(map(len, texts["web"])) > 2 * len(tasks)
+    assert [tr.em for tr in played["web"]] == [tr.em for tr in played["local"]]
+    assert len(ResponseCache(tmp_path / "web_cache")) > 0  # the run's own cache by default
+    with pytest.raises(ValueError, match="retrieval.url=http://x is a retrieval server"):
+        domain_of(load_config("smoke", overrides=[*web_set, "retrieval.url=http://x"]))
     for bad, match in [
-        (["retrieval.backend=google"], "use index or web"),
-        (["retrieval.backend=web", "retrieval.url=http://x"], "unset it for backend web"),
+        (["env.kind=web"], "env.kind='web': use one of"),
         (["retrieval.web_requests_per_second=0"], "must be > 0"),
         (["retrieval.web_retries=-1"], "web_retries must be >= 0"),
     ]:
@@ -237,7 +250,7 @@ def test_the_config_selects_the_web_backend(standin, questions, tmp_path):
 
 
 def test_the_transfer_record_pairs_the_arms_by_agent_and_n():
-    from mem1_core.evaluation.web_transfer import render_markdown, transfer_rows
+    from mem1_core.websearch.transfer import render_markdown, transfer_rows
 
     def head(em: list[float], tasks: dict) -> dict:
         cells = [

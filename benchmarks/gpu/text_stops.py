@@ -56,7 +56,7 @@ def run(c: Check) -> None:
     from mem1_core.data.world import generate_world
     from mem1_core.models.model import build_tiny_model
     from mem1_core.models.tags import tag_scheme, turn_text
-    from mem1_core.rollout.env import QAEnvironment
+    from mem1_core.qa.env import QAEnvironment
     from mem1_core.rollout.generation import HFBackend, SamplingParams, StopStrings
 
     world = generate_world(load_config("smoke").world)

@@ -7,6 +7,7 @@ domain is its own package plus one line here.
 """
 
 DOMAINS: dict[str, str] = {
-    "qa": "mem1_core.domains.qa:QADomain",
+    "qa": "mem1_core.qa.domain:QADomain",
     "webshop": "mem1_core.webshop.domain:WebShopDomain",
+    "websearch": "mem1_core.websearch.domain:WebSearchDomain",
 }

@@ -18,8 +18,10 @@ class EnvConfig(Section):
     of the pipeline (memory, rollout, PPO, SFT, evaluation, flows) is the same for every one."""
 
     kind: str = "qa"
-    """`qa`: multi-objective question answering with a retriever (the world or QA data).
-    `webshop`: WebShop's shopping tasks (mem1_core.webshop), search and click in a shop."""
+    """`qa`: multi-objective question answering with a retriever (the world or QA data;
+    mem1_core.qa). `websearch`: the same tasks searched through a web search API
+    (`retrieval.web_*`; mem1_core.websearch). `webshop`: WebShop's shopping tasks
+    (mem1_core.webshop), search and click in a shop."""
     shop_seed: int = 0
     """`webshop`: the seed of the embedded shop that training goals come from."""
     eval_shop_seed: int = 1

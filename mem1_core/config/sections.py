@@ -155,28 +155,26 @@ class RetrievalConfig(Section):
     """With `url`: how long a server that stopped answering is retried (backoff up to 2 s)
     before the run stops with RetrieverUnavailable (`--resume` continues it). Long enough
     for a server to be restarted; a rollout waits meanwhile."""
-    backend: str = "index"
-    """`index`: the run's index (in process, or the server at `url`); `web`: a web search API
-    in Serper's JSON shape at `web_endpoint` (mem1_core.retrieval.web_search; docs/data.md)."""
     web_endpoint: str = "https://google.serper.dev/search"
-    """With backend `web`: the search API's URL (POST `{"q", "num"}`, answers `organic`)."""
+    """With `env.kind: websearch` (the web-search QA domain, mem1_core.websearch; docs/data.md):
+    the search API's URL, in Serper's JSON shape (POST `{"q", "num"}`, answers `organic`)."""
     web_api_key_env: str = "SERPER_API_KEY"
-    """With backend `web`: the environment variable holding the API key (read at the first
+    """With `env.kind: websearch`: the environment variable holding the API key (read at the first
     request; a rerun served from the cache needs none)."""
     web_requests_per_second: float = 5.0
-    """With backend `web`: the most requests started per second (all threads together)."""
+    """With `env.kind: websearch`: the most requests started per second (all threads together)."""
     web_timeout_seconds: float = 10.0
-    """With backend `web`: the timeout of each request (connect, and each read)."""
+    """With `env.kind: websearch`: the timeout of each request (connect, and each read)."""
     web_retries: int = 4
-    """With backend `web`: retries of a request that timed out, could not connect, or got a
+    """With `env.kind: websearch`: retries of a request that timed out, could not connect, or got a
     429 or 5xx, with exponential backoff from 0.5 s (capped at 8 s); then the run stops."""
     web_concurrency: int = 4
-    """With backend `web`: requests in flight at once (within the rate limit)."""
+    """With `env.kind: websearch`: requests in flight at once (within the rate limit)."""
     web_cache: str | None = None
-    """With backend `web`: the directory of the on-disk answer cache, keyed by (endpoint,
+    """With `env.kind: websearch`: the directory of the on-disk answer cache, keyed by (endpoint,
     query, k); None: `web_cache/` under the run directory. A rerun asks the API nothing."""
     web_offline: bool = False
-    """With backend `web`: answer only from `web_cache`; a query it lacks is an error."""
+    """With `env.kind: websearch`: answer only from `web_cache`; a query it lacks is an error."""
 
     def __post_init__(self) -> None:
         if self.kind not in ("bm25", "dense"):
@@ -185,10 +183,6 @@ class RetrievalConfig(Section):
             raise ValueError("retrieval.topk must be >= 1")
         if self.outage_seconds < 0:
             raise ValueError("retrieval.outage_seconds must be >= 0 (0: only a few retries)")
-        if self.backend not in ("index", "web"):
-            raise ValueError(f"retrieval.backend={self.backend!r}: use index or web")
-        if self.backend == "web" and self.url is not None:
-            raise ValueError("retrieval.url is a Search-R1 server: unset it for backend web")
         if self.web_requests_per_second <= 0 or self.web_timeout_seconds <= 0:
             raise ValueError(
                 "retrieval.web_requests_per_second and web_timeout_seconds must be > 0"
@@ -361,7 +355,7 @@ class TeacherConfig(Section):
     """Chance that the teacher answers an objective wrongly on purpose."""
     forget_rate: float = 0.0
     """Chance that the teacher, moving on from a finished objective, writes `?` for its answer
-    in the `<IS>` (a memory-consolidation lapse; mem1_core.rollout.teacher). SFT copies the habit; RL
+    in the `<IS>` (a memory-consolidation lapse; mem1_core.qa.teacher). SFT copies the habit; RL
     on the task reward can unlearn it (MEM1 §5.4)."""
     counting: bool = False
     """The state counts: `Next: Q3 of 8.` while questions remain and `Done: 8 of

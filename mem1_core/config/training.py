@@ -51,7 +51,7 @@ class SFTConfig(Section):
     over the run's world and the `teacher_worlds` extra ones."""
     teacher_worlds: int = 0
     """Extra generated worlds (fresh names, train split only) the teacher also plays, so the
-    model cannot memorise entities and must learn to copy (see mem1_core.data.run_tasks.teacher_world).
+    model cannot memorise entities and must learn to copy (see mem1_core.qa.tasks.teacher_world).
     The world-based sources only; 0 for hub data."""
     warm_start_context_weight: float = 0.0
     """Warm start only: weight of a next-token loss on the prompt and <info> tokens of the

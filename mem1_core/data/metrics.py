@@ -9,7 +9,7 @@ Two scorers, one signature (`Scorer`), chosen by `eval.scorer`:
   words, not `haybunau`), articles stay, a task whose answer does not have exactly N
   `;`-separated parts scores 0 on every objective, and F1 is over word *sets*. Departure: that
   script finds the last `<answer>…</answer>` in the whole solution text and gives 0 when the
-  tags are unbalanced; here the environment's parse of the final turn (mem1_core.rollout.env)
+  tags are unbalanced; here the environment's parse of the final turn (mem1_core.qa.env)
   supplies the answer, and an unparsable turn has none (0 as well).
 """
 
@@ -112,7 +112,7 @@ SCORERS: dict[str, Scorer] = {"squad": score_answer, "mem1-paper": score_answer_
 def unknown_rate(answers: list[str | None]) -> float:
     """Fraction of the objectives answered `?` in the given final answers (None: no answer,
     not counted): the mark of a fact the agent dropped from its memory, the habit of a
-    forgetful teacher (mem1_core.rollout.teacher)."""
+    forgetful teacher (mem1_core.qa.teacher)."""
     parts = [a for text in answers if text is not None for a in split_answers(text)]
     return sum(a == UNKNOWN for a in parts) / max(len(parts), 1)
 

@@ -5,7 +5,7 @@ same for every domain; each asks the run's Domain (mem1_core.domains.registry.do
 what differs:
 - its tasks and splits (`ensure_tasks`), and the data stage that prepares them (`prepare_data`);
 - whether it searches an index the run builds (`uses_index`: the index stage and the
-  retriever actors);
+  retriever actors), over which corpus (`index_corpus`), and the index (`ensure_index`);
 - its environment (`make_env`: prompt, actions, observations, reward, its own metrics);
 - its scripted teacher's task sources (`has_teacher`, `teacher_sources`);
 - the texts a tokenizer it trains is fitted on (`tokenizer_texts`);
@@ -85,6 +85,12 @@ class Domain(ABC):
     name: str = ""
     units: Units = Units()
 
+    def check(self, cfg) -> None:
+        """Refuse, with the field to change, a config the domain cannot run (called whenever a
+        run's domain is looked up, so before any stage does work). By default: nothing to
+        refuse."""
+        return None
+
     @abstractmethod
     def ensure_tasks(self, cfg, paths, split: str, n: int) -> Path:
         """The split's N-objective tasks file, made if missing."""
@@ -98,6 +104,16 @@ class Domain(ABC):
         not where a server or a web search API answers, nor WebShop, whose environment searches
         its shop by itself)."""
         return False
+
+    def index_corpus(self, cfg, paths) -> Path:
+        """The corpus file the run's index is built over (made if missing), where `uses_index`."""
+        raise ValueError(f"env.kind={self.name}: the domain searches no index of the run's own")
+
+    def ensure_index(self, cfg, paths) -> Path:
+        """The run's index (built, or reused while its corpus is unchanged), where `uses_index`."""
+        from mem1_core.retrieval.run_index import ensure_run_index
+
+        return ensure_run_index(cfg, paths, lambda: self.index_corpus(cfg, paths))
 
     def prepare_data(self, cfg, paths) -> Path | None:
         """What the data stage builds before composing tasks (QA: the world); None: nothing."""

@@ -14,7 +14,6 @@ from mem1_core.config import Config
 from mem1_core.domains.registry import domain_of
 from mem1_core.models.policy import ADOPTED, adopt_init_tokenizer
 from mem1_core.models.tokenizer import load_tokenizer, train_tiny_tokenizer
-from mem1_core.retrieval.run_index import ensure_run_index
 from mem1_core.rollout.loop import Task, tasks_from_table
 from mem1_core.runs.atomic import atomic_dir
 from mem1_core.runs.layout import RunPaths
@@ -54,7 +53,7 @@ def prepare(cfg: Config, root: str | Path) -> RunPaths:
         domain.ensure_tasks(cfg, paths, "test", n)
     ensure_tokenizer(cfg, paths)
     if domain.uses_index(cfg):  # not a server's or a search API's
-        ensure_run_index(cfg, paths)
+        domain.ensure_index(cfg, paths)
     return paths
 
 

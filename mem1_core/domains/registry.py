@@ -19,5 +19,7 @@ def get_domain(name: str):
 
 
 def domain_of(cfg):
-    """The Domain a run's config selects (`env.kind`)."""
-    return get_domain(cfg.env.kind)
+    """The Domain a run's config selects (`env.kind`), the config checked against it."""
+    domain = get_domain(cfg.env.kind)
+    domain.check(cfg)
+    return domain

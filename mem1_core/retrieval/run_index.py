@@ -1,7 +1,7 @@
 """A run's retrieval index, made by the index stage (`mem1 index`, the `build-index` flow)
-under the run directory's `indexes/` (or `retrieval.index`, prebuilt; or a retrieval server
-at `retrieval.url`), and the retriever every rollout reads it through (or, with
-`retrieval.backend=web`, a web search API instead of an index)."""
+under the run directory's `indexes/` over the corpus its domain names (Domain.index_corpus),
+or `retrieval.index`, prebuilt; and the retriever every rollout reads it through (or a
+retrieval server at `retrieval.url`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mem1_core.config import Config
-from mem1_core.data.run_tasks import corpus_path
 from mem1_core.retrieval.base import Retriever
 from mem1_core.retrieval.index import load_index
 from mem1_core.runs.layout import RunPaths
@@ -34,15 +33,16 @@ def prebuilt_index(cfg: Config) -> Path:
     return index_dir
 
 
-def ensure_run_index(cfg: Config, paths: RunPaths) -> Path:
-    """The run's index: `retrieval.index` if given (never rebuilt), else one under
-    `indexes/`, reused while the corpus fingerprint is unchanged."""
+def ensure_run_index(cfg: Config, paths: RunPaths, corpus: Callable[[], Path]) -> Path:
+    """The run's index: `retrieval.index` if given (never rebuilt), else one under `indexes/`
+    over the file `corpus()` names (made if missing), reused while its fingerprint is
+    unchanged."""
     from mem1_core.retrieval import ensure_index as ensure
 
     if cfg.retrieval.index is not None:
         return prebuilt_index(cfg)
     index_dir, _built = ensure(
-        corpus_path(cfg, paths),
+        corpus(),
         cfg.retrieval.kind,
         paths.indexes,
         show_progress=False,
@@ -51,26 +51,11 @@ def ensure_run_index(cfg: Config, paths: RunPaths) -> Path:
     return index_dir
 
 
-def _index_retriever(cfg: Config, paths: RunPaths) -> Retriever:
+def index_retriever(cfg: Config, paths: RunPaths, corpus: Callable[[], Path]) -> Retriever:
+    """The retriever of a run's index (ensure_run_index's), or of the server at
+    `retrieval.url`."""
     if cfg.retrieval.url:
         from mem1_core.retrieval import HttpRetriever
 
         return HttpRetriever(cfg.retrieval.url, outage_s=cfg.retrieval.outage_seconds)
-    return load_index(ensure_run_index(cfg, paths))
-
-
-def _web_retriever(cfg: Config, paths: RunPaths) -> Retriever:
-    from mem1_core.retrieval.web_search import WebSearchRetriever, settings_from_config
-
-    return WebSearchRetriever(settings_from_config(cfg.retrieval, paths.root))
-
-
-BACKENDS: dict[str, Callable[[Config, RunPaths], Retriever]] = {
-    "index": _index_retriever,
-    "web": _web_retriever,
-}
-"""`retrieval.backend` -> the builder of the retriever a run's rollouts read."""
-
-
-def make_retriever(cfg: Config, paths: RunPaths) -> Retriever:
-    return BACKENDS[cfg.retrieval.backend](cfg, paths)
+    return load_index(ensure_run_index(cfg, paths, corpus))

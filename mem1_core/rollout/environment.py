@@ -11,7 +11,7 @@ An `Environment` gives the rollout (mem1_core.rollout.loop)
 - the domain's own metrics of finished trajectories (`metrics`).
 Memory policies, the trajectory tree, PPO, SFT, evaluation and the flows read only
 trajectories (ids, masks, rewards), never which domain made them (docs/design.md §11). The
-domains are `qa` (mem1_core.rollout.env) and `webshop` (mem1_core.webshop.env).
+domains are `qa` (mem1_core.qa.env) and `webshop` (mem1_core.webshop.env).
 
 MEM1's format (MEM1 §3), the same in every domain. The tags are read through the tokenizer's
 tag codec (mem1_core.models.tags): as special token ids (the tiny tokenizer) or in the decoded

@@ -11,7 +11,7 @@ Departures and choices, all deliberate:
 - No new tag and no new prompt text: recall is an ordinary `<query>`, so the format
   fingerprint of the shipped base (mem1_core.models.base) is unchanged. Under every other
   memory a `recall: …` query is an ordinary search. The agent is not told recall exists; the
-  scripted teacher demonstrates it (mem1_core.rollout.teacher) and SFT / RL carry it over.
+  scripted teacher demonstrates it (mem1_core.qa.teacher) and SFT / RL carry it over.
 - The store is a pure function of the trajectory: the bodies of the `<info>` blocks the
   retriever returned on earlier turns (not format hints, not earlier recalls, which copy a
   block already stored). Every stored block is absent from the context in which the recalled

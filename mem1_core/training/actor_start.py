@@ -85,9 +85,9 @@ def start_runtime(
 
     from mem1_core.domains.registry import domain_of
     from mem1_core.retrieval.ray_actor import start_retriever_actor
-    from mem1_core.retrieval.run_index import ensure_run_index
 
-    index = ensure_run_index(cfg, paths) if domain_of(cfg).uses_index(cfg) else None
+    domain = domain_of(cfg)
+    index = domain.ensure_index(cfg, paths) if domain.uses_index(cfg) else None
     # Not reused: an FSDP group (its process group) and vLLM engines (a second engine in
     # the same process would not get the first one's GPU memory back).
     reusable = not fsdp and backend != "vllm"

@@ -69,8 +69,8 @@ def build_source(cfg, tok, root: Path, seed: int, pcfg) -> Source:
     memory of `pcfg.memories`, and cut its documents and drills into token rows."""
     from mem1_core.data.compose import compose
     from mem1_core.data.qa_data import world_questions
-    from mem1_core.data.run_tasks import ensure_world
     from mem1_core.domains.inputs import make_env
+    from mem1_core.qa.tasks import ensure_world
     from mem1_core.rollout.loop import tasks_from_table
     from mem1_core.runs.layout import RunPaths
     from mem1_core.training.sft import teacher_trajectories
@@ -168,7 +168,7 @@ def question_drill_text(questions: list[str], plans: list[str]) -> tuple[str, st
     """One question-list drill: (the task prompt of `questions`, the first turn, which searches
     for question 1), written as the scripted teacher writes that turn."""
     from mem1_core.data.prompts import QUERY_CLOSE, QUERY_OPEN, task_prompt
-    from mem1_core.rollout.teacher import ScriptedTeacher
+    from mem1_core.qa.teacher import ScriptedTeacher
 
     first = json.loads(plans[0])[0]
     state = f"{ScriptedTeacher.state_text(None, [], [])} Next: Q1."

@@ -77,7 +77,7 @@ class RolloutWorker:
             from mem1_core.retrieval.ray_actor import RayRetriever
 
             retriever = RayRetriever(retriever)
-        self.env = make_env(cfg, paths, tok, retriever)  # None: make_retriever(cfg, paths)
+        self.env = make_env(cfg, paths, tok, retriever)  # None: the domain's own
         self.weights_version: int | None = None
         """The version of the last weights loaded; None: the initial policy."""
 

@@ -1,5 +1,5 @@
 """A WebShop run's shops, tasks and tokenizer text, made into the run directory where missing
-(as mem1_core.data.run_tasks makes a QA run's world and tasks).
+(as mem1_core.qa.tasks makes a QA run's world and tasks).
 
 - `shops/shop{seed}/`: the embedded shops (mem1_core.webshop.generate), the training shop
   (`env.shop_seed`) and the held-out shop (`env.eval_shop_seed`); or the converted shop

@@ -1,5 +1,5 @@
 """The scripted WebShop teacher: shops well in MEM1's format, the warm start's data for the
-shopping domain (the role the QA teacher, mem1_core.rollout.teacher, plays there).
+shopping domain (the role the QA teacher, mem1_core.qa.teacher, plays there).
 
 It plays behind the generation interface, so it runs under any memory policy through the same
 rollout and environment as a model. Each turn it reads where its trajectory stands (the

@@ -222,7 +222,7 @@ def register_data(sub: argparse._SubParsersAction) -> None:
 
 def cmd_data_paper(args: argparse.Namespace) -> int:
     from mem1_core.config import load_config
-    from mem1_core.retrieval.paper_data import PaperFiles, prepare_paper_data
+    from mem1_core.qa.paper_data import PaperFiles, prepare_paper_data
 
     options = {}
     if args.kind == "dense":

@@ -73,7 +73,7 @@ def cmd_web_transfer(args: argparse.Namespace) -> int:
     import shlex
     import sys
 
-    from mem1_core.evaluation.web_transfer import run_web_transfer
+    from mem1_core.websearch.transfer import run_web_transfer
 
     cfg = config_from_args(args)
     agents = [parse_agent(a) for a in args.agent]

@@ -105,7 +105,7 @@ def _standin(args: argparse.Namespace) -> int:
     import time
 
     from mem1_core.retrieval import load_index
-    from mem1_core.retrieval.search_standin import standin_server
+    from mem1_core.websearch.standin import standin_server
 
     if (args.index is None) == (args.run is None):
         raise ValueError("give exactly one of --index DIR or --run RUN")
@@ -117,17 +117,17 @@ def _standin(args: argparse.Namespace) -> int:
         )
     if args.run is not None:
         from mem1_core.cli.commands.data import config_from_args
-        from mem1_core.retrieval.run_index import ensure_run_index
+        from mem1_core.domains.registry import get_domain
         from mem1_core.runs.layout import RunPaths
 
-        args.index = ensure_run_index(config_from_args(args), RunPaths(Path(args.run)))
+        args.index = get_domain("qa").ensure_index(config_from_args(args), RunPaths(Path(args.run)))
     retriever = load_index(args.index)
     snippet = None if args.snippet_chars <= 0 else args.snippet_chars
     with standin_server(
         retriever, api_key=key, host=args.host, port=args.port, snippet_chars=snippet
     ) as standin:
         print(f"stand-in web search API at {standin.url} (index {args.index}); Ctrl-C stops it")
-        print(f"  --set retrieval.backend=web --set retrieval.web_endpoint={standin.url} "
+        print(f"  --set env.kind=websearch --set retrieval.web_endpoint={standin.url} "
               f"--set retrieval.web_api_key_env={args.key_env}", flush=True)  # fmt: skip
         try:
             while True:

@@ -1,8 +1,8 @@
 """Zero-shot transfer to a web search API (MEM1 §5: the agent trained on a Wikipedia
 retriever, evaluated through a search engine), run offline: the same agents play the same
 test tasks twice, once on the run's local index and once through the web-search backend
-(`retrieval.backend=web`) pointed at the local stand-in of a Serper-style API, which answers
-from that index (mem1_core.retrieval.search_standin). Each arm is an ordinary objective-scaling
+(the web-search QA domain, `env.kind=websearch`) pointed at the local stand-in of a Serper-style API, which answers
+from that index (mem1_core.websearch.standin). Each arm is an ordinary objective-scaling
 evaluation (mem1_core.evaluation.stage); the record is their table side by side, with the
 paired difference per N.
 
@@ -24,13 +24,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mem1_core.domains.registry import get_domain
 from mem1_core.evaluation.headline import paired_se, read_headline
 from mem1_core.evaluation.stage import run_objective_scaling
 from mem1_core.retrieval.index import load_index
-from mem1_core.retrieval.run_index import ensure_run_index
-from mem1_core.retrieval.search_standin import standin_server
 from mem1_core.runs import atomic
 from mem1_core.runs.layout import RunPaths
+from mem1_core.websearch.standin import standin_server
 
 STANDIN_KEY_ENV = "MEM1_STANDIN_SEARCH_KEY"
 """The variable the web arm reads the stand-in's (random, per process) key from."""
@@ -41,16 +41,16 @@ ARMS = ("local", "web")
 
 
 def web_config(cfg: Any, endpoint: str, key_env: str, cache: str | Path) -> Any:
-    """`cfg` with its retriever switched to the web-search backend at `endpoint`."""
+    """`cfg` moved to the web-search QA domain, searching the API at `endpoint`."""
     retrieval = dataclasses.replace(
         cfg.retrieval,
-        backend="web",
         url=None,
         web_endpoint=endpoint,
         web_api_key_env=key_env,
         web_cache=str(cache),
     )
-    return dataclasses.replace(cfg, retrieval=retrieval)
+    env = dataclasses.replace(cfg.env, kind="websearch")
+    return dataclasses.replace(cfg, env=env, retrieval=retrieval)
 
 
 def run_web_transfer(
@@ -76,7 +76,7 @@ def run_web_transfer(
         progress=progress,
     )  # fmt: skip
     paths = RunPaths(Path(run_dir).resolve())
-    index = load_index(ensure_run_index(cfg, paths))
+    index = load_index(get_domain("qa").ensure_index(cfg, paths))
     # The snippet length is the stand-in's, in no config: it names the web arm's cache and
     # evaluation, so that answers and cells of another length are never read back for these.
     tag = "web" if snippet_chars is None else f"web-snippets{snippet_chars}"

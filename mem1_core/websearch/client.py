@@ -45,7 +45,7 @@ import httpx
 from mem1_core.retrieval.base import Hit
 from mem1_core.retrieval.client import RetrieverUnavailable
 from mem1_core.retrieval.corpus import format_contents
-from mem1_core.retrieval.response_cache import ResponseCache
+from mem1_core.websearch.cache import ResponseCache
 
 log = logging.getLogger(__name__)
 

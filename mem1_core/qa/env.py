@@ -6,7 +6,7 @@ the last turn only an answer ends the episode with a reward; anything else ends 
 reward 0 (the budget is exhausted). Under a recall memory (`mem1+recall`) a `recall: …` query
 is answered from the trajectory's own earlier blocks instead (mem1_core.rollout.recall).
 
-The QA domain (mem1_core.domains.qa) builds it with `qa_environment`.
+The QA domain (mem1_core.qa.domain) builds it with `qa_environment`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from mem1_core.trajectory.record import Action, Trajectory
 
 if TYPE_CHECKING:
     from mem1_core.config import Config
-    from mem1_core.runs.layout import RunPaths
 
 __all__ = [
     "NO_RESULTS",
@@ -107,9 +106,9 @@ class QAEnvironment(Environment):
             self.set_info(tr, format_passages(hits))
 
     def scripted_teacher(self, tasks: list, cfg, *, lapses: bool = True, seed_offset: int = 0):
-        """The world's teacher (mem1_core.rollout.teacher), which plays only tasks with plans
+        """The world's teacher (mem1_core.qa.teacher), which plays only tasks with plans
         (the world's, not real QA data's)."""
-        from mem1_core.rollout.teacher import ScriptedTeacher, can_play
+        from mem1_core.qa.teacher import ScriptedTeacher, can_play
 
         if not can_play(tasks):
             return None
@@ -146,16 +145,12 @@ class QAEnvironment(Environment):
         return score_answer(answer, golden)
 
 
-def qa_environment(
-    cfg: Config, paths: RunPaths, tokenizer, retriever: Retriever | None = None
-) -> Environment:
-    """The QA environment of a run: its tokenizer and its retriever (the run's index, a server
-    at `retrieval.url`, or the one given)."""
-    from mem1_core.retrieval.run_index import make_retriever
-
+def qa_environment(cfg: Config, tokenizer, retriever: Retriever) -> Environment:
+    """The QA environment of a run: its tokenizer, the search tool its domain hands it (the
+    run's index, a server, a web search API) and the run's prompt settings."""
     return QAEnvironment(
         tokenizer,
-        retriever or make_retriever(cfg, paths),
+        retriever,
         cfg.retrieval.topk,
         chat_template=cfg.rollout.chat_template,
         keep_answers_prompt=cfg.rollout.keep_answers_prompt,

@@ -28,7 +28,7 @@ import yaml
 
 from mem1_core.config import Config, load_config, parse_overrides
 from mem1_core.data.qa_data import load_hotpotqa, load_nq
-from mem1_core.data.run_tasks import ensure_tasks
+from mem1_core.qa.tasks import ensure_tasks
 from mem1_core.retrieval.base import index_file_problems, read_manifest
 from mem1_core.retrieval.index import build_index
 from mem1_core.runs import atomic
