@@ -218,6 +218,31 @@ def test_update_with_zero_lr_changes_nothing(policy, trajs, small_tokenizer):
         assert torch.equal(a, b)
 
 
+def test_a_pass_after_a_step_computes_with_the_stepped_weights_under_autocast(
+    policy, trajs, small_tokenizer
+):
+    """The learner runs a whole update inside one bf16 autocast context over float32 master
+    weights (Learner.update, models.model.master_weights). Autocast keeps its bf16 copy of each
+    weight while the context lasts, so a pass after an optimiser step must see the stepped
+    weights: after two steps, the log-probs and values scored inside the update's context equal
+    those scored in a fresh one."""
+    from mem1_core.models.model import master_weights
+
+    models = fresh(policy)
+    context = master_weights(models.policy, "bfloat16")
+    master_weights(models.critic, "bfloat16")
+    settings = S(dataclasses.replace(PPO, minibatch_size=2), pad_id=small_tokenizer.pad_token_id)
+    rb = make_rollout_batch(trajs, small_tokenizer.pad_token_id)
+    with context:
+        stats = update(models, optimizers(models, 1e-2), trajs, settings, NonFiniteGuard(3))
+        inside = score(models, rb, settings)
+    assert stats["optimizer_steps"] == 2
+    with master_weights(models.policy, "bfloat16"):
+        fresh_scores = score(models, rb, settings)
+    assert torch.equal(inside.old_logp, fresh_scores.old_logp)
+    assert torch.equal(inside.old_values, fresh_scores.old_values)
+
+
 # RL-toolbox options whose losses must stay exact under micro-batching: every mode divides
 # by the whole minibatch's counts, GSPO's sequence mean needs whole rows in a micro-batch.
 EXACT_OPTIONS = {

@@ -375,6 +375,12 @@ def optimizer_step(
     if finite:
         for opt in optimizers.values():
             opt.step()
+        # The learner runs a whole update in one autocast context (Learner.update), and
+        # autocast keeps its low-precision copy of each float32 master weight until the
+        # outermost context exits: without this, every pass after the first step of an update
+        # computes with the weights from before it (the next minibatch's PPO ratio exactly 1,
+        # its gradient a step old, the critic's too). A no-op outside autocast.
+        torch.clear_autocast_cache()
     for opt in optimizers.values():
         opt.zero_grad(set_to_none=True)
     if not finite:
