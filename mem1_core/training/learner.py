@@ -39,6 +39,7 @@ from mem1_core.training.checkpoint import (
     read_state,
     save_checkpoint,
 )
+from mem1_core.training.optim import adamw
 from mem1_core.training.ray_start import actor_device, set_threads
 from mem1_core.trajectory.record import Trajectory
 
@@ -114,13 +115,11 @@ class Learner:
         self.models = self._place(policy, reference, critic)
         # weight_decay=0: PPO's small steps should not also shrink the warm start.
         self.optimizers = {
-            "policy": torch.optim.AdamW(
-                self.models.policy.parameters(), lr=cfg.ppo.actor_lr, weight_decay=0.0
-            )
+            "policy": adamw(self.models.policy.parameters(), cfg.ppo.actor_lr, weight_decay=0.0)
         }
         if self.models.critic is not None:
-            self.optimizers["critic"] = torch.optim.AdamW(
-                self.models.critic.parameters(), lr=cfg.ppo.critic_lr, weight_decay=0.0
+            self.optimizers["critic"] = adamw(
+                self.models.critic.parameters(), cfg.ppo.critic_lr, weight_decay=0.0
             )
         self.guard = NonFiniteGuard(cfg.ppo.max_nonfinite_in_row)
 

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from mem1_core.models.base import MANIFEST, format_fingerprint, tokenizer_hash
 from mem1_core.runs import atomic
 from mem1_core.runs.progress import Progress as StageProgress
+from mem1_core.training.optim import adamw
 from mem1_core.training.pretrain_data import Source, build_source, world_config
 
 log = logging.getLogger(__name__)
@@ -134,7 +135,7 @@ def pretrain(cfg, out_dir: str | Path, *, resume: bool = False, progress: bool =
         model = (
             build_tiny_model(cfg.model, tok) if init is None else load_model(init, cfg.model, tok)
         )
-    opt = torch.optim.AdamW(model.parameters(), lr=pcfg.lr, weight_decay=pcfg.weight_decay)
+    opt = adamw(model.parameters(), pcfg.lr, pcfg.weight_decay)
     if resume and (ckpt / "optimizer.pt").exists():
         opt.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
     rng = random.Random(f"{cfg.model.seed}:{state['round']}")

@@ -29,6 +29,7 @@ from mem1_core.models.model import compute_context, enable_gradient_checkpointin
 from mem1_core.rollout.loop import Task, rollout
 from mem1_core.runs import atomic
 from mem1_core.runs.progress import Progress as StageProgress
+from mem1_core.training.optim import adamw
 from mem1_core.trajectory.logprobs import forward_tree
 from mem1_core.trajectory.modes import mode_rows
 from mem1_core.trajectory.record import Trajectory, write_trajectories
@@ -192,7 +193,7 @@ def train_on_trajectories(
     torch.manual_seed(seed)
     if gradient_checkpointing:
         enable_gradient_checkpointing(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    opt = adamw(model.parameters(), lr, weight_decay)
     model.train()
     budget = minutes * 60.0
     t0 = time.perf_counter()
