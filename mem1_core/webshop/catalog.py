@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -285,15 +285,10 @@ class Shop:
         complete)."""
         out = Path(out_dir)
         (out / MANIFEST_FILE).unlink(missing_ok=True)
-        atomic.write_text(_jsonl(p.to_dict() for p in self.products), out / PRODUCTS_FILE)
-        atomic.write_text(_jsonl(g.to_dict() for g in self.goals), out / GOALS_FILE)
-        manifest = {
-            **self.manifest,
-            "format": SHOP_FORMAT,
-            "products": len(self.products),
-            "goals": len(self.goals),
-        }
-        atomic.write_json(manifest, out / MANIFEST_FILE)
+        atomic.write_text(
+            "".join(jsonl_line(p.to_dict()) for p in self.products), out / PRODUCTS_FILE
+        )
+        write_goals_and_manifest(out, self.goals, self.manifest, len(self.products))
         return out
 
     @classmethod
@@ -313,8 +308,8 @@ class Shop:
                 f"{manifest_path}: field 'format' is {manifest.get('format')!r}, this version "
                 f"reads {SHOP_FORMAT!r}"
             )
-        products = tuple(_read_jsonl(src / PRODUCTS_FILE, Product.from_dict))
-        goals = tuple(_read_jsonl(src / GOALS_FILE, Goal.from_dict))
+        products = tuple(read_jsonl(src / PRODUCTS_FILE, Product.from_dict))
+        goals = tuple(read_jsonl(src / GOALS_FILE, Goal.from_dict))
         for name, rows in (("products", products), ("goals", goals)):
             if manifest.get(name) != len(rows):
                 raise ShopFormatError(
@@ -322,6 +317,16 @@ class Shop:
                     f"{len(rows)}"
                 )
         return cls(products, goals, manifest)
+
+
+def write_goals_and_manifest(
+    out: Path, goals: Sequence[Goal], manifest: Mapping[str, Any], n_products: int
+) -> None:
+    """The last two files of a save, once `products.jsonl` is in place: the goals, then the
+    manifest with the format and both sizes."""
+    atomic.write_text("".join(jsonl_line(g.to_dict()) for g in goals), out / GOALS_FILE)
+    sizes = {"format": SHOP_FORMAT, "products": n_products, "goals": len(goals)}
+    atomic.write_json({**manifest, **sizes}, out / MANIFEST_FILE)
 
 
 def shop_size(shop_dir: str | Path) -> dict[str, int]:
@@ -333,11 +338,14 @@ def shop_size(shop_dir: str | Path) -> dict[str, int]:
     return {"products": int(m["products"]), "goals": int(m["goals"])}
 
 
-def _jsonl(rows: Iterator[dict[str, Any]]) -> str:
-    return "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows)
+def jsonl_line(row: Mapping[str, Any]) -> str:
+    """One line of `products.jsonl` or `goals.jsonl`."""
+    return json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n"
 
 
-def _read_jsonl(path: Path, parse) -> Iterator[Any]:
+def read_jsonl(path: Path, parse: Callable[[Any], Any]) -> Iterator[Any]:
+    """`parse` of each line of a `.jsonl` file, one at a time; a line that is not JSON or that
+    `parse` refuses fails naming the file and the line."""
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
