@@ -256,6 +256,8 @@ class Shop:
     goals: tuple[Goal, ...]
     manifest: dict[str, Any] = field(default_factory=dict)
     """What the shop was made from: source (generated | webshop), seed, goal kind, sizes."""
+    directory: Path | None = field(default=None, compare=False, repr=False)
+    """The directory `load` read it from (where its search index is kept), else None."""
     by_asin: dict[str, Product] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -316,7 +318,7 @@ class Shop:
                     f"{manifest_path}: field {name!r} says {manifest.get(name)}, the file has "
                     f"{len(rows)}"
                 )
-        return cls(products, goals, manifest)
+        return cls(products, goals, manifest, directory=src)
 
 
 def write_goals_and_manifest(
