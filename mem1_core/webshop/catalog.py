@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -287,10 +287,9 @@ class Shop:
         complete)."""
         out = Path(out_dir)
         (out / MANIFEST_FILE).unlink(missing_ok=True)
-        atomic.write_text(
-            "".join(jsonl_line(p.to_dict()) for p in self.products), out / PRODUCTS_FILE
-        )
-        write_goals_and_manifest(out, self.goals, self.manifest, len(self.products))
+        write_jsonl((p.to_dict() for p in self.products), out / PRODUCTS_FILE)
+        write_jsonl((g.to_dict() for g in self.goals), out / GOALS_FILE)
+        write_manifest(out, self.manifest, len(self.products), len(self.goals))
         return out
 
     @classmethod
@@ -321,13 +320,17 @@ class Shop:
         return cls(products, goals, manifest, directory=src)
 
 
-def write_goals_and_manifest(
-    out: Path, goals: Sequence[Goal], manifest: Mapping[str, Any], n_products: int
-) -> None:
-    """The last two files of a save, once `products.jsonl` is in place: the goals, then the
-    manifest with the format and both sizes."""
-    atomic.write_text("".join(jsonl_line(g.to_dict()) for g in goals), out / GOALS_FILE)
-    sizes = {"format": SHOP_FORMAT, "products": n_products, "goals": len(goals)}
+def write_jsonl(rows: Iterable[Mapping[str, Any]], path: Path) -> None:
+    """`rows` as the lines of a `.jsonl` file, written atomically, one row at a time."""
+    with atomic.atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(jsonl_line(row))
+
+
+def write_manifest(out: Path, manifest: Mapping[str, Any], products: int, goals: int) -> None:
+    """The last file of a save, once the products and goals are in place: `manifest` with the
+    format and both sizes."""
+    sizes = {"format": SHOP_FORMAT, "products": products, "goals": goals}
     atomic.write_json({**manifest, **sizes}, out / MANIFEST_FILE)
 
 

@@ -33,9 +33,10 @@ scored).
 
 Memory: the items file (WebShop's full one: 1.18M products, several GB) is read one product
 at a time (`mem1_core.webshop.stream`) and each product written to `products.jsonl` as it is
-read; what stays in memory is the attributes of the instructions file (interned strings), the
-asins seen, and the products that have instructions, from which the goals are built at the
-end. `convert_webshop` keeps every product instead and returns the shop, for small files.
+read, each goal to `goals.jsonl` as it is made (`write_webshop`); what stays in memory is the
+attributes of the instructions file (each phrase held once), the asins seen, and the products
+that have instructions, from which the goals are made at the end. `convert_webshop` keeps
+every product and goal instead and returns the shop, for small files.
 
 Malformed records (a field missing or of the wrong type, pricing that is not dollar amounts:
 `mem1_core.webshop.records`) are skipped and counted by reason, items and instructions each;
@@ -56,10 +57,11 @@ import random
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from mem1_core.runs.atomic import atomic_path
 from mem1_core.webshop.catalog import (
+    GOALS_FILE,
     MANIFEST_FILE,
     PRODUCTS_FILE,
     Goal,
@@ -67,7 +69,7 @@ from mem1_core.webshop.catalog import (
     Shop,
     ShopFormatError,
     jsonl_line,
-    write_goals_and_manifest,
+    write_manifest,
 )
 from mem1_core.webshop.records import (
     Fields,
@@ -237,10 +239,10 @@ def _goals(
     paths: dict[str, Path | None],
     rng: random.Random,
     report: ConvertReport,
-) -> list[Goal]:
-    """goal.py's goals of the products that have instructions, in product order; a malformed
-    instruction is skipped and counted."""
-    goals: list[Goal] = []
+    keep: Callable[[Goal], None],
+) -> None:
+    """goal.py's goals of the products that have instructions, to `keep` in product order; a
+    malformed instruction is skipped and counted."""
     tally = report.instructions
     for p in targets:
         if kind == "synthetic" and p.asin in synthetic:
@@ -250,7 +252,9 @@ def _goals(
             except Malformed as m:
                 tally.count(m)
                 continue
-            goals.extend(synthetic_goals(p, text, attributes, rng))
+            for goal in synthetic_goals(p, text, attributes, rng):
+                keep(goal)
+                report.goals += 1
         elif kind == "human" and p.asin in human:
             path = paths["human"]
             try:
@@ -269,8 +273,8 @@ def _goals(
                 if not attributes:  # goal.py skips these
                     report.skip("human instruction without attributes")
                     continue
-                goals.append(human_goal(p, text, attributes, values, rng))
-    return goals
+                keep(human_goal(p, text, attributes, values, rng))
+                report.goals += 1
 
 
 def _existing(path: str | Path | None, what: str) -> Path | None:
@@ -328,12 +332,13 @@ def _read_items(
 
 def _convert(
     c: Conversion,
-    keep: Callable[[Product], None],
+    keep_product: Callable[[Product], None],
+    keep_goal: Callable[[Goal], None],
     progress: Callable[[ConvertReport, int], None] | None,
-) -> tuple[list[Goal], ConvertReport, dict[str, Any]]:
-    """Read the files, hand each product to `keep` in file order, and return the goals, the
-    report and the manifest; `progress(report, bytes of the items file read)` is called every
-    `PROGRESS_EVERY` items."""
+) -> tuple[ConvertReport, dict[str, Any]]:
+    """Read the files, hand each product to `keep_product` in file order, then each goal to
+    `keep_goal`, and return the report and the manifest; `progress(report, bytes of the items
+    file read)` is called every `PROGRESS_EVERY` items."""
     kind = c.kind
     paths = {
         "items": _existing(c.items, "products"),
@@ -346,13 +351,12 @@ def _convert(
     report = ConvertReport(goal_kind=kind)
     instructed = synthetic.keys() | human.keys()
     targets = _read_items(
-        c.items, attributes, instructed, rng, report, c.max_products, keep, progress
+        c.items, attributes, instructed, rng, report, c.max_products, keep_product, progress
     )
     report.items.check(c.max_malformed)
     del attributes
-    goal_list = _goals(targets, kind, synthetic, human, paths, rng, report)
+    _goals(targets, kind, synthetic, human, paths, rng, report, keep_goal)
     report.instructions.check(c.max_malformed)
-    report.goals = len(goal_list)
     manifest: dict[str, Any] = {
         "source": "webshop",
         "items": c.items.name,
@@ -362,7 +366,7 @@ def _convert(
     }
     if report.malformed():
         manifest["malformed"] = {"limit": c.max_malformed, **report.malformed()}
-    return goal_list, report, manifest
+    return report, manifest
 
 
 def _path(path: str | Path | None) -> Path | None:
@@ -390,7 +394,8 @@ def convert_webshop(
         max_malformed,
     )  # fmt: skip
     products: list[Product] = []
-    goal_list, report, manifest = _convert(c, products.append, progress)
+    goal_list: list[Goal] = []
+    report, manifest = _convert(c, products.append, goal_list.append, progress)
     return Shop(tuple(products), tuple(goal_list), manifest), report
 
 
@@ -405,19 +410,27 @@ def write_webshop(
     max_malformed: float = DEFAULT_MAX_MALFORMED,
     progress: Callable[[ConvertReport, int], None] | None = None,
 ) -> ConvertReport:
-    """`convert_webshop(...)[0].save(out_dir)`, byte for byte, without holding the products:
-    each is written to `products.jsonl`'s temporary file as it is read. The files replace
-    those in `out_dir` only once every check has passed (the manifest last, as `Shop.save`
-    writes it), so a conversion that fails leaves an earlier shop there as it was."""
+    """`convert_webshop(...)[0].save(out_dir)`, byte for byte, without holding the products or
+    the goals: each is written to its file's temporary as it is made. The files replace those
+    in `out_dir` only once every check has passed (the manifest last, as `Shop.save` writes
+    it), so a conversion that fails leaves an earlier shop there as it was."""
     c = Conversion(
         Path(items), _path(instructions), _path(human_instructions), goals, seed, max_products,
         max_malformed,
     )  # fmt: skip
     out = Path(out_dir)
-    with atomic_path(out / PRODUCTS_FILE) as tmp, open(tmp, "w", encoding="utf-8") as f:
-        goal_list, report, manifest = _convert(
-            c, lambda p: f.write(jsonl_line(p.to_dict())), progress
-        )
+    with (
+        atomic_path(out / PRODUCTS_FILE) as products_tmp,
+        atomic_path(out / GOALS_FILE) as goals_tmp,
+        open(products_tmp, "w", encoding="utf-8") as products,
+        open(goals_tmp, "w", encoding="utf-8") as goal_lines,
+    ):
+        report, manifest = _convert(c, _writer(products), _writer(goal_lines), progress)
         (out / MANIFEST_FILE).unlink(missing_ok=True)
-    write_goals_and_manifest(out, goal_list, manifest, report.products)
+    write_manifest(out, manifest, report.products, report.goals)
     return report
+
+
+def _writer(f: TextIO) -> Callable[[Product | Goal], None]:
+    """A row's line appended to `f` (`catalog.write_jsonl`'s lines, one at a time)."""
+    return lambda row: f.write(jsonl_line(row.to_dict()))

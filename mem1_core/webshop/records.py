@@ -50,7 +50,7 @@ class Fields:
     def __init__(self, path: Path, where: str, obj: Any):
         self.path, self.where, self.obj = path, where, obj
         if not isinstance(obj, dict):
-            raise self.error(None, "expected an object", type(obj).__name__)
+            raise self.error(None, "expected an object", obj)
 
     def error(self, name: str | None, problem: str, value: Any = _NO_VALUE) -> Malformed:
         what = f"field {name!r}: {problem}" if name else problem
