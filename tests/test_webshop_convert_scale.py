@@ -19,7 +19,7 @@ from benchmarks.webshop_convert_scale import write_files
 from mem1_core.cli.main import main
 from mem1_core.webshop import convert
 from mem1_core.webshop.catalog import Goal, Product, Shop, price_bound
-from mem1_core.webshop.convert import convert_webshop, write_webshop
+from mem1_core.webshop.convert import Conversion, convert_webshop, write_webshop
 from mem1_core.webshop.stream import NotJSONError, iter_array, iter_object
 
 SHOP_FILES = ("products.jsonl", "goals.jsonl", "manifest.json")
@@ -180,7 +180,9 @@ def test_streamed_files_equal_the_plain_conversion_byte_for_byte(generated, tmp_
     human = generated["human"] if kind == "human" else None
     plain = plain_shop(generated["items"], ins, human, seed=3)
     plain.save(tmp_path / "plain")
-    report = write_webshop(tmp_path / "streamed", generated["items"], ins, human, seed=3)
+    report = write_webshop(
+        tmp_path / "streamed", Conversion(generated["items"], ins, human, seed=3)
+    )
     assert _files(tmp_path / "streamed") == _files(tmp_path / "plain")
     assert report.products == len(plain.products) and report.goals == len(plain.goals)
     assert len(plain.goals) > 20 or kind == "none"
@@ -208,7 +210,7 @@ def test_the_stream_holds_only_the_products_with_instructions(generated, tmp_pat
 
     monkeypatch.setattr(convert, "read_product", spy_read)
     monkeypatch.setattr(convert, "_goals", spy_goals)
-    write_webshop(tmp_path, generated["items"], generated["ins"])
+    write_webshop(tmp_path, Conversion(generated["items"], generated["ins"]))
     with_instructions = sum(
         e.get("instruction") is not None for e in json.loads(generated["ins"].read_text()).values()
     )
@@ -259,7 +261,7 @@ def _with_malformed(tmp_path: Path, n_good: int) -> tuple[Path, Path, list[dict]
 
 def test_malformed_records_are_skipped_counted_and_draw_nothing(tmp_path):
     items, ins, good = _with_malformed(tmp_path, 1000)
-    report = write_webshop(tmp_path / "mixed", items, ins, seed=1)
+    report = write_webshop(tmp_path / "mixed", Conversion(items, ins, seed=1))
     assert report.items.read == 1000 + len(MALFORMED) + 2
     assert report.products == 999  # the good ones but B000000051
     by_reason = report.items.malformed
@@ -285,7 +287,7 @@ def test_malformed_records_are_skipped_counted_and_draw_nothing(tmp_path):
     del ins_clean["B000000051"]
     ins_clean["B000000100"] = {"attributes": ["mild"]}
     _write(ins, ins_clean)
-    write_webshop(tmp_path / "clean", clean, ins, seed=1)
+    write_webshop(tmp_path / "clean", Conversion(clean, ins, seed=1))
     mixed_lines = (tmp_path / "mixed" / "products.jsonl").read_text()
     assert mixed_lines == (tmp_path / "clean" / "products.jsonl").read_text()
 
@@ -345,7 +347,7 @@ def test_progress_reports_items_read_and_bytes(generated, tmp_path, monkeypatch)
     monkeypatch.setattr(convert, "PROGRESS_EVERY", 500)
     seen: list[tuple[int, int, int]] = []
     write_webshop(
-        tmp_path, generated["items"], generated["ins"],
+        tmp_path, Conversion(generated["items"], generated["ins"]),
         progress=lambda r, n: seen.append((r.items.read, r.products, n)),
     )  # fmt: skip
     assert [s[0] for s in seen] == [500, 1000, 1500, 2000, 2500, 3000, 3000]

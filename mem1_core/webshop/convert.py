@@ -86,7 +86,14 @@ from mem1_core.webshop.records import (
 )
 from mem1_core.webshop.stream import NotJSONError, iter_array, iter_object
 
-__all__ = ["ConvertReport", "Tally", "convert_webshop", "parse_pricing", "write_webshop"]
+__all__ = [
+    "Conversion",
+    "ConvertReport",
+    "Tally",
+    "convert_webshop",
+    "parse_pricing",
+    "write_webshop",
+]
 
 DEFAULT_MAX_MALFORMED = 0.01
 """The share of items, or of instructions, that may be malformed and skipped (1 %)."""
@@ -149,19 +156,29 @@ class ConvertReport:
 
 @dataclass(frozen=True)
 class Conversion:
-    """What a conversion reads and how (the arguments of `convert_webshop`)."""
+    """What a conversion reads and how: WebShop's files and the command's flags."""
 
     items: Path
-    instructions: Path | None
-    human_instructions: Path | None
-    goals: str | None
+    """`items_shuffle*.json`: the products."""
+    instructions: Path | None = None
+    """`items_ins_v2*.json`: the products' attributes and the synthetic instructions."""
+    human_instructions: Path | None = None
+    """`items_human_ins.json`: the human instructions (needs `instructions` too)."""
+    goals: str | None = None
     """human, synthetic or none; None: human where `human_instructions` is given, else
     synthetic where `instructions` is, else none."""
-    seed: int
-    max_products: int | None
-    max_malformed: float
+    seed: int = 0
+    """Seed of the draws: ranged prices, the goals' price bounds."""
+    max_products: int | None = None
+    """Keep the first N items, as WebShop's `num_products` does."""
+    max_malformed: float = DEFAULT_MAX_MALFORMED
+    """The share of items, or of instructions, that may be skipped as malformed before the
+    conversion fails."""
 
     def __post_init__(self) -> None:
+        for name in ("items", "instructions", "human_instructions"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, Path(getattr(self, name)))
         if self.max_products is not None and self.max_products < 1:
             raise ValueError(f"max_products must be >= 1, got {self.max_products}")
         if not 0 <= self.max_malformed <= 1:
@@ -369,10 +386,6 @@ def _convert(
     return report, manifest
 
 
-def _path(path: str | Path | None) -> Path | None:
-    return None if path is None else Path(path)
-
-
 def convert_webshop(
     items: str | Path,
     instructions: str | Path | None = None,
@@ -390,9 +403,8 @@ def convert_webshop(
     the first N items, as WebShop's `num_products` does. `max_malformed`: the share of items,
     or of instructions, that may be skipped as malformed before the conversion fails."""
     c = Conversion(
-        Path(items), _path(instructions), _path(human_instructions), goals, seed, max_products,
-        max_malformed,
-    )  # fmt: skip
+        items, instructions, human_instructions, goals, seed, max_products, max_malformed
+    )
     products: list[Product] = []
     goal_list: list[Goal] = []
     report, manifest = _convert(c, products.append, goal_list.append, progress)
@@ -401,23 +413,14 @@ def convert_webshop(
 
 def write_webshop(
     out_dir: str | Path,
-    items: str | Path,
-    instructions: str | Path | None = None,
-    human_instructions: str | Path | None = None,
-    goals: str | None = None,
-    seed: int = 0,
-    max_products: int | None = None,
-    max_malformed: float = DEFAULT_MAX_MALFORMED,
+    c: Conversion,
     progress: Callable[[ConvertReport, int], None] | None = None,
 ) -> ConvertReport:
-    """`convert_webshop(...)[0].save(out_dir)`, byte for byte, without holding the products or
-    the goals: each is written to its file's temporary as it is made. The files replace those
-    in `out_dir` only once every check has passed (the manifest last, as `Shop.save` writes
-    it), so a conversion that fails leaves an earlier shop there as it was."""
-    c = Conversion(
-        Path(items), _path(instructions), _path(human_instructions), goals, seed, max_products,
-        max_malformed,
-    )  # fmt: skip
+    """The shop of conversion `c` written into `out_dir`: what `convert_webshop` returns, as
+    `Shop.save` writes it, byte for byte, without holding the products or the goals: each is
+    written to its file's temporary as it is made. The files replace those in `out_dir` only
+    once every check has passed (the manifest last), so a conversion that fails leaves an
+    earlier shop there as it was."""
     out = Path(out_dir)
     with (
         atomic_path(out / PRODUCTS_FILE) as products_tmp,

@@ -275,16 +275,23 @@ def cmd_data_shop(args: argparse.Namespace) -> int:
 
 
 def cmd_data_webshop(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from tqdm.auto import tqdm
 
-    from mem1_core.webshop.convert import write_webshop
+    from mem1_core.webshop.convert import Conversion, write_webshop
 
+    conversion = Conversion(  # flags that contradict each other fail here, before any reading
+        args.items,
+        args.instructions,
+        args.human_instructions,
+        goals=args.goals,
+        seed=args.seed,
+        max_products=args.max_products,
+        max_malformed=args.max_malformed,
+    )
     t0 = time.perf_counter()
     # a bar on a terminal only (tqdm's disable=None): a log gets the summary line
     with tqdm(
-        total=Path(args.items).stat().st_size if Path(args.items).is_file() else None,
+        total=conversion.items.stat().st_size if conversion.items.is_file() else None,
         desc="convert items",
         unit="B",
         unit_scale=True,
@@ -302,17 +309,7 @@ def cmd_data_webshop(args: argparse.Namespace) -> int:
                 refresh=False,
             )
 
-        report = write_webshop(
-            args.out,
-            args.items,
-            args.instructions,
-            args.human_instructions,
-            goals=args.goals,
-            seed=args.seed,
-            max_products=args.max_products,
-            max_malformed=args.max_malformed,
-            progress=progress,
-        )
+        report = write_webshop(args.out, conversion, progress)
     summary = {
         "out": args.out,
         "items": report.items.read,
