@@ -1,4 +1,4 @@
-"""WebShop's conversion at the size of WebShop's full files, one JSON line a
+"""WebShop's conversion and shop search at the size of WebShop's full files, one JSON line a
 stage.
 
     nice -n 19 env OMP_NUM_THREADS=1 python benchmarks/webshop_convert_scale.py \
@@ -8,10 +8,10 @@ Writes a synthetic `items_shuffle.json` of N products in WebShop's format (title
 characters, descriptions ~800, five bullet points, 0-3 option groups, image links; words
 drawn from a Zipf vocabulary; a tenth of the prices ranges, a few items WebShop's loader
 skips) and an `items_ins_v2.json` (every product's attributes, synthetic instructions for 1 %
-of them, as WebShop's full file has for ~12k products). Then, each in a child process whose
-peak RSS is read from the kernel (and which is killed past `--max-rss-gb`):
-`mem1 data webshop` into a shop directory. Prints wall time, peak RSS and sizes. The files
-are deleted at the end unless `--keep`.
+of them). Then, each in a child process whose peak RSS is read from the kernel (and which is
+killed past `--max-rss-gb`): `mem1 data webshop` into a shop directory, the shop's search
+index built from it (the first search) and loaded again (every later one). Prints wall time,
+peak RSS and sizes (MiB). The files are deleted at the end unless `--keep`.
 """
 
 from __future__ import annotations
@@ -33,6 +33,22 @@ VOCAB = 30_000
 SYLLABLES = ("ka", "lo", "mi", "ne", "su", "ta", "ri", "po", "de", "an", "or", "el", "ib", "us")
 GROUPS = ("color", "size", "style", "pattern name", "flavor name", "material")
 CATEGORIES = ("beauty", "electronics", "fashion", "food", "furniture")
+
+SEARCH = """
+import itertools, json, sys, time
+from pathlib import Path
+from mem1_core.webshop.search import saved_search
+t = time.perf_counter()
+search = saved_search(sys.argv[1])
+seconds = time.perf_counter() - t
+with open(Path(sys.argv[1]) / "products.jsonl") as f:  # queries: the first titles' words
+    queries = [" ".join(json.loads(line)["title"].split()[:3]) for line in itertools.islice(f, 100)]
+t = time.perf_counter()
+hits = [search.search(q) for q in queries]  # one at a time, as an environment searches
+print(json.dumps({"seconds": round(seconds, 2), "queries": len(queries),
+                  "search_s_per_query": round((time.perf_counter() - t) / len(queries), 4),
+                  "results_per_query": sum(map(len, hits)) / len(queries)}))
+"""
 
 
 class Words:
@@ -130,7 +146,7 @@ def measured(cmd: list[str], max_rss: int) -> dict:
     proc.returncode = os.waitstatus_to_exitcode(status)
     return {
         "wall_s": round(time.perf_counter() - t, 1),
-        "peak_rss_mb": round(usage.ru_maxrss / 1024),  # KiB on Linux
+        "peak_rss_mib": round(usage.ru_maxrss / 1024),  # KiB on Linux
         "rc": proc.returncode,
         "killed_for_rss": killed,
         "out": json.loads(out[-1]) if out and proc.returncode == 0 else None,
@@ -163,23 +179,35 @@ def main() -> None:
         t = time.perf_counter()
         items, ins = write_files(args.dir, args.products)
         row = {"stage": "write files", "products": args.products, "cpu": cpu_info().model,
-               "seconds": round(time.perf_counter() - t, 1), "items_mb": _mb(items),
-               "instructions_mb": _mb(ins)}  # fmt: skip
+               "seconds": round(time.perf_counter() - t, 1), "items_mib": _mib(items),
+               "instructions_mib": _mib(ins)}  # fmt: skip
         print(json.dumps(row), flush=True)
         convert = [sys.executable, "-m", "mem1_core.cli.main", "data", "webshop", "--items",
                    str(items), "--instructions", str(ins), "--out", str(shop)]  # fmt: skip
         row = {"stage": "convert", **measured(convert, max_rss)}
-        row["products_mb"] = (
-            _mb(shop / "products.jsonl") if (shop / "products.jsonl").exists() else None
+        row["products_mib"] = (
+            _mib(shop / "products.jsonl") if (shop / "products.jsonl").exists() else None
         )
         print(json.dumps(row), flush=True)
+        if row["rc"] != 0:
+            return
+        for stage in ("search index: build", "search index: load"):
+            row = {"stage": stage, **measured([sys.executable, "-c", SEARCH, str(shop)], max_rss)}
+            row["index_mib"] = _mib_dir(shop / "search")
+            print(json.dumps(row), flush=True)
+            if row["rc"] != 0:
+                return
     finally:
         if not args.keep:
             shutil.rmtree(args.dir, ignore_errors=True)
 
 
-def _mb(path: Path) -> float:
+def _mib(path: Path) -> float:
     return round(path.stat().st_size / 2**20, 1)
+
+
+def _mib_dir(path: Path) -> float:
+    return round(sum(f.stat().st_size for f in path.glob("*")) / 2**20, 1) if path.is_dir() else 0
 
 
 if __name__ == "__main__":
