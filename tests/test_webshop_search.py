@@ -140,3 +140,12 @@ def test_a_saved_shop_builds_its_index_once(tmp_path, monkeypatch, tok):
     assert builds == [1] and rebuilt.search_many(QUERIES) == expected
     shop_search(Shop.load(tmp_path))
     assert builds == [1]
+
+
+def test_a_shop_whose_directory_was_rewritten_searches_its_own_products(tmp_path):
+    first = generate_shop(seed=5, n_products=200, n_goals=5)
+    first.save(tmp_path)
+    loaded = Shop.load(tmp_path)
+    generate_shop(seed=6, n_products=250, n_goals=5).save(tmp_path)  # converted again since
+    got = shop_search(loaded).search_many(QUERIES)
+    assert got == ShopSearch(first.products).search_many(QUERIES)

@@ -106,11 +106,15 @@ class ShopSearch:
 
 
 def shop_search(shop: Shop, options: BM25Options = SHOP_BM25) -> ShopSearch:
-    """The shop's search: its directory's saved index where it was loaded from one, else
-    built in memory."""
-    if shop.directory is None:
-        return ShopSearch(shop.products, options)
-    return saved_search(shop.directory, options)
+    """The shop's search: its directory's saved index where it was loaded from one (and the
+    directory still holds its products), else built in memory."""
+    if shop.directory is not None:
+        search = saved_search(shop.directory, options)
+        if search.asins == [p.asin for p in shop.products]:
+            return search
+        # products.jsonl was replaced after this shop was loaded
+        log.warning("%s holds other products than the shop loaded from it", shop.directory)
+    return ShopSearch(shop.products, options)
 
 
 def index_key(shop_dir: str | Path, options: BM25Options = SHOP_BM25) -> dict[str, Any]:
