@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -256,6 +256,8 @@ class Shop:
     goals: tuple[Goal, ...]
     manifest: dict[str, Any] = field(default_factory=dict)
     """What the shop was made from: source (generated | webshop), seed, goal kind, sizes."""
+    directory: Path | None = field(default=None, compare=False, repr=False)
+    """The directory `load` read it from (where its search index is kept), else None."""
     by_asin: dict[str, Product] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -285,15 +287,9 @@ class Shop:
         complete)."""
         out = Path(out_dir)
         (out / MANIFEST_FILE).unlink(missing_ok=True)
-        atomic.write_text(_jsonl(p.to_dict() for p in self.products), out / PRODUCTS_FILE)
-        atomic.write_text(_jsonl(g.to_dict() for g in self.goals), out / GOALS_FILE)
-        manifest = {
-            **self.manifest,
-            "format": SHOP_FORMAT,
-            "products": len(self.products),
-            "goals": len(self.goals),
-        }
-        atomic.write_json(manifest, out / MANIFEST_FILE)
+        write_jsonl((p.to_dict() for p in self.products), out / PRODUCTS_FILE)
+        write_jsonl((g.to_dict() for g in self.goals), out / GOALS_FILE)
+        write_manifest(out, self.manifest, len(self.products), len(self.goals))
         return out
 
     @classmethod
@@ -313,15 +309,29 @@ class Shop:
                 f"{manifest_path}: field 'format' is {manifest.get('format')!r}, this version "
                 f"reads {SHOP_FORMAT!r}"
             )
-        products = tuple(_read_jsonl(src / PRODUCTS_FILE, Product.from_dict))
-        goals = tuple(_read_jsonl(src / GOALS_FILE, Goal.from_dict))
+        products = tuple(read_jsonl(src / PRODUCTS_FILE, Product.from_dict))
+        goals = tuple(read_jsonl(src / GOALS_FILE, Goal.from_dict))
         for name, rows in (("products", products), ("goals", goals)):
             if manifest.get(name) != len(rows):
                 raise ShopFormatError(
                     f"{manifest_path}: field {name!r} says {manifest.get(name)}, the file has "
                     f"{len(rows)}"
                 )
-        return cls(products, goals, manifest)
+        return cls(products, goals, manifest, directory=src)
+
+
+def write_jsonl(rows: Iterable[Mapping[str, Any]], path: Path) -> None:
+    """`rows` as the lines of a `.jsonl` file, written atomically, one row at a time."""
+    with atomic.atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(jsonl_line(row))
+
+
+def write_manifest(out: Path, manifest: Mapping[str, Any], products: int, goals: int) -> None:
+    """The last file of a save, once the products and goals are in place: `manifest` with the
+    format and both sizes."""
+    sizes = {"format": SHOP_FORMAT, "products": products, "goals": goals}
+    atomic.write_json({**manifest, **sizes}, out / MANIFEST_FILE)
 
 
 def shop_size(shop_dir: str | Path) -> dict[str, int]:
@@ -333,11 +343,14 @@ def shop_size(shop_dir: str | Path) -> dict[str, int]:
     return {"products": int(m["products"]), "goals": int(m["goals"])}
 
 
-def _jsonl(rows: Iterator[dict[str, Any]]) -> str:
-    return "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows)
+def jsonl_line(row: Mapping[str, Any]) -> str:
+    """One line of `products.jsonl` or `goals.jsonl`."""
+    return json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n"
 
 
-def _read_jsonl(path: Path, parse) -> Iterator[Any]:
+def read_jsonl(path: Path, parse: Callable[[Any], Any]) -> Iterator[Any]:
+    """`parse` of each line of a `.jsonl` file, one at a time; a line that is not JSON or that
+    `parse` refuses fails naming the file and the line."""
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():

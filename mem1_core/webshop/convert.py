@@ -1,4 +1,4 @@
-"""WebShop's released files -> a `Shop` (the format of `catalog.py`).
+"""WebShop's released files -> a shop (the format of `catalog.py`), streamed.
 
 Reads the files as WebShop's loader does (`web_agent_site/engine/engine.py:load_products`,
 `web_agent_site/engine/goal.py:get_goals`):
@@ -23,193 +23,367 @@ product's attributes, which the reward matches, from it. A product's price is th
 $100 without pricing, the price, or a uniform draw within a range; its price text is the
 loader's `Price` ("$12.99", "$10.99 to $20.99", "$100.0"). A product's type is its `query`
 (lowercased and stripped, as the loader does), the search that found it in WebShop's scrape.
+Draws come from one generator of `seed`: every product's price in file order, then the goals'
+bounds in product order.
 
 Null fields that WebShop's loader keeps are kept (None) and fail only where they are used, as
 WebShop's do: a product's `full_description` (its description page reads "None"; the reward
 fails if it must search it), a human instruction's `instruction_options` (the goal fails when
 scored).
 
+Memory: the items file (WebShop's full one: 1.18M products, several GB) is read one product
+at a time (`mem1_core.webshop.stream`) and each product written to `products.jsonl` as it is
+read, each goal to `goals.jsonl` as it is made (`write_webshop`); what stays in memory is the
+attributes of the instructions file (each phrase held once), the asins seen, and the products
+that have instructions, from which the goals are made at the end. `convert_webshop` keeps
+every product and goal instead and returns the shop, for small files.
+
+Malformed records (a field missing or of the wrong type, pricing that is not dollar amounts:
+`mem1_core.webshop.records`) are skipped and counted by reason, items and instructions each;
+the conversion fails in one line when either share skipped exceeds `max_malformed`. A file
+that is not JSON, or not the JSON kind expected, fails at once.
+
 Where it departs from WebShop: draws (prices, bounds) come from `seed`, where WebShop's
 are unseeded; a product without attributes gets none, where WebShop gives it the
 placeholder "DUMMY_ATTR" (which no goal attribute matches either); a human goal's options,
 a list of values, become group -> value by the product's group holding each value ("option
-N" where none does); reviews are left empty, as in WebShop's text environment.
-
-Anything else malformed fails with one line naming the file, the item and the field.
+N" where none does); reviews are left empty, as in WebShop's text environment; a malformed
+record is skipped, where WebShop's loader stops on it.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
 import random
-import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
+from mem1_core.runs.atomic import atomic_path
 from mem1_core.webshop.catalog import (
+    GOALS_FILE,
+    MANIFEST_FILE,
+    PRODUCTS_FILE,
     Goal,
     Product,
     Shop,
     ShopFormatError,
-    option_text,
-    price_bound,
+    jsonl_line,
+    write_manifest,
 )
+from mem1_core.webshop.records import (
+    Fields,
+    Malformed,
+    asin_skip,
+    human_entries,
+    human_goal,
+    parse_pricing,
+    read_attributes,
+    read_human,
+    read_product,
+    read_synthetic,
+    synthetic_goals,
+)
+from mem1_core.webshop.stream import NotJSONError, iter_array, iter_object
 
-DEFAULT_PRICE = 100.0
-"""The loader's price for a product without pricing."""
-MAX_ASIN_LENGTH = 10
+__all__ = [
+    "Conversion",
+    "ConvertReport",
+    "Tally",
+    "convert_webshop",
+    "parse_pricing",
+    "write_webshop",
+]
+
+DEFAULT_MAX_MALFORMED = 0.01
+"""The share of items, or of instructions, that may be malformed and skipped (1 %)."""
+PROGRESS_EVERY = 2000
+"""Items read between two calls of a conversion's `progress`."""
+GOAL_KINDS = ("human", "synthetic", "none")
+
+
+@dataclass
+class Tally:
+    """Records of one kind read, and those skipped as malformed, by reason."""
+
+    what: str
+    read: int = 0
+    malformed: dict[str, int] = field(default_factory=dict)
+    examples: dict[str, str] = field(default_factory=dict)
+    """Reason -> the first record skipped for it (file, record, field, value)."""
+
+    def count(self, m: Malformed) -> None:
+        self.malformed[m.reason] = self.malformed.get(m.reason, 0) + 1
+        self.examples.setdefault(m.reason, m.detail)
+
+    @property
+    def skipped(self) -> int:
+        return sum(self.malformed.values())
+
+    def check(self, limit: float) -> None:
+        """Raise ShopFormatError, in one line, where the share skipped exceeds `limit`."""
+        if not self.read or self.skipped / self.read <= limit:
+            return
+        reason, n = max(self.malformed.items(), key=lambda kv: kv[1])
+        raise ShopFormatError(
+            f"{self.skipped} of {self.read} {self.what} malformed "
+            f"({self.skipped / self.read:.2%}), above the limit of {limit:.2%} "
+            f"(--max-malformed {limit:g}); most common: {reason} ({n}), e.g. "
+            f"{self.examples[reason]}"
+        )
 
 
 @dataclass
 class ConvertReport:
-    """What a conversion kept and skipped, for the command's summary line."""
+    """What a conversion read, kept and skipped, for the command's summary line."""
 
     products: int = 0
     goals: int = 0
     goal_kind: str = "none"
     skipped: dict[str, int] = field(default_factory=dict)
+    """Records WebShop's loader and goal.py skip too (bad or repeated asins, human
+    instructions without attributes), by reason."""
+    items: Tally = field(default_factory=lambda: Tally("items"))
+    instructions: Tally = field(default_factory=lambda: Tally("instructions"))
 
     def skip(self, why: str) -> None:
         self.skipped[why] = self.skipped.get(why, 0) + 1
 
-
-def _load_json(path: Path, kind: type, what: str) -> Any:
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: no such file ({what})") from None
-    except json.JSONDecodeError as e:
-        raise ShopFormatError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
-    if not isinstance(data, kind):
-        expected = "a list" if kind is list else "an object"
-        raise ShopFormatError(f"{path}: expected {expected} of {what}, got {type(data).__name__}")
-    return data
+    def malformed(self) -> dict[str, dict[str, int]]:
+        """{"items": {reason: n}, "instructions": {...}}, the kinds with any skipped."""
+        return {t.what: dict(t.malformed) for t in (self.items, self.instructions) if t.malformed}
 
 
-class _Fields:
-    """Typed access to one JSON object, failing in one line that names file, item, field."""
+@dataclass(frozen=True)
+class Conversion:
+    """What a conversion reads and how: WebShop's files and the command's flags."""
 
-    def __init__(self, path: Path, where: str, obj: Any):
-        self.path, self.where, self.obj = path, where, obj
-        if not isinstance(obj, dict):
-            raise self.error(None, f"expected an object, got {type(obj).__name__}")
+    items: Path
+    """`items_shuffle*.json`: the products."""
+    instructions: Path | None = None
+    """`items_ins_v2*.json`: the products' attributes and the synthetic instructions."""
+    human_instructions: Path | None = None
+    """`items_human_ins.json`: the human instructions (needs `instructions` too)."""
+    goals: str | None = None
+    """human, synthetic or none; None: human where `human_instructions` is given, else
+    synthetic where `instructions` is, else none."""
+    seed: int = 0
+    """Seed of the draws: ranged prices, the goals' price bounds."""
+    max_products: int | None = None
+    """Keep the first N items, as WebShop's `num_products` does."""
+    max_malformed: float = DEFAULT_MAX_MALFORMED
+    """The share of items, or of instructions, that may be skipped as malformed before the
+    conversion fails."""
 
-    def error(self, name: str | None, message: str) -> ShopFormatError:
-        at = f"{self.path}: {self.where}"
-        return ShopFormatError(f"{at}: field {name!r}: {message}" if name else f"{at}: {message}")
-
-    def get(self, name: str) -> Any:
-        if name not in self.obj:
-            raise self.error(name, "missing")
-        return self.obj[name]
-
-    def text(self, name: str) -> str:
-        value = self.get(name)
-        if not isinstance(value, str):
-            raise self.error(name, f"expected a string, got {value!r:.60}")
-        return value
-
-    def str_list(self, name: str, allow_none: bool = False) -> list[str] | None:
-        value = self.get(name)
-        if value is None and allow_none:
-            return None
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise self.error(name, f"expected a list of strings, got {value!r:.60}")
-        return value
-
-
-def parse_pricing(pricing: Any) -> list[float]:
-    """The loader's pricing: "$12.99" -> [12.99]; "$10.99 - $20.99" -> [10.99, 20.99]; empty
-    or null -> [100.0]. Raises ValueError on text that is not dollar amounts."""
-    if not pricing:
-        return [DEFAULT_PRICE]
-    if not isinstance(pricing, str):
-        raise ValueError(f"expected a string like '$12.99', got {pricing!r:.60}")
-    try:
-        prices = [float(Decimal(re.sub(r"[^\d.]", "", p))) for p in pricing.split("$")[1:]]
-    except InvalidOperation:
-        raise ValueError(f"expected dollar amounts like '$12.99', got {pricing!r:.60}") from None
-    if not prices:
-        raise ValueError(f"expected dollar amounts like '$12.99', got {pricing!r:.60}")
-    return prices[:2]
-
-
-def _option_value(value: str) -> str:
-    return value.strip().replace("/", " | ").lower()
-
-
-def _options(f: _Fields) -> dict[str, tuple[str, ...]]:
-    raw = f.get("customization_options")
-    if not raw:
-        return {}
-    if not isinstance(raw, dict):
-        raise f.error("customization_options", f"expected an object, got {raw!r:.60}")
-    options: dict[str, tuple[str, ...]] = {}
-    for group, contents in raw.items():
-        if contents is None:
-            continue
-        ok = isinstance(contents, list) and all(
-            isinstance(c, dict) and isinstance(c.get("value"), str) for c in contents
-        )
-        if not ok:
-            raise f.error(
-                "customization_options",
-                f"group {group!r}: expected a list of {{'value': ...}} objects",
+    def __post_init__(self) -> None:
+        for name in ("items", "instructions", "human_instructions"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, Path(getattr(self, name)))
+        if self.max_products is not None and self.max_products < 1:
+            raise ValueError(f"max_products must be >= 1, got {self.max_products}")
+        if not 0 <= self.max_malformed <= 1:
+            raise ValueError(
+                f"max_malformed is a share, 0 to 1 (0.01: 1 %), got {self.max_malformed}"
             )
-        options[group.lower()] = tuple(_option_value(c["value"]) for c in contents)
-    return options
+        if self.goals is not None and self.goals not in GOAL_KINDS:
+            raise ValueError(f"goals must be human, synthetic or None, got {self.goals!r}")
+        if self.goals == "human" and not self.human_instructions:
+            raise ValueError("human goals need --human-instructions FILE (items_human_ins.json)")
+        if self.goals == "synthetic" and not self.instructions:
+            raise ValueError("synthetic goals need --instructions FILE (items_ins_v2.json)")
+        if self.goals not in (None, "human") and self.human_instructions:
+            raise ValueError(
+                f"--goals {self.goals} does not read --human-instructions: leave out one of the two"
+            )
+        if self.human_instructions and not self.instructions:
+            raise ValueError(
+                "--human-instructions needs --instructions (items_ins_v2.json) too: WebShop "
+                "reads every product's attributes, which the reward matches, from it"
+            )
+
+    @property
+    def kind(self) -> str:
+        """The kind of goals built."""
+        if self.goals is not None:
+            return self.goals
+        return "human" if self.human_instructions else "synthetic" if self.instructions else "none"
 
 
-def _product(f: _Fields, attributes: list[str], rng: random.Random) -> Product:
-    bullets = f.get("small_description")
-    if isinstance(bullets, str):
-        bullets = [bullets]
-    elif not isinstance(bullets, list) or not all(isinstance(b, str) for b in bullets):
-        raise f.error(
-            "small_description", f"expected a string or list of strings, got {bullets!r:.60}"
-        )
+def _records(it: Iterable[Any]) -> Iterator[Any]:
+    """`it`, with a file that is not JSON failing as a ShopFormatError."""
     try:
-        pricing = parse_pricing(f.get("pricing") if "pricing" in f.obj else None)
-    except ValueError as e:
-        raise f.error("pricing", str(e)) from None
-    # generate_product_prices: one price, or a uniform draw within the range
-    price = pricing[0] if len(pricing) == 1 else rng.uniform(pricing[0], pricing[1])
-    shown = f"${pricing[0]}" if len(pricing) == 1 else f"${pricing[0]} to ${pricing[1]}"
-    description = f.get("full_description")
-    if description is not None and not isinstance(description, str):
-        raise f.error("full_description", f"expected a string or null, got {description!r:.60}")
-    query = f.text("query").lower().strip()
-    return Product(
-        asin=f.text("asin"),
-        category=f.text("category"),
-        product_type=query,
-        title=f.text("name"),
-        price=round(price, 2),
-        attributes=tuple(attributes),
-        options=_options(f),
-        description=description,
-        features=tuple(bullets),
-        reviews=(),
-        query=query,
-        product_category=f.text("product_category"),
-        price_text=shown,
+        yield from it
+    except NotJSONError as e:
+        raise ShopFormatError(str(e)) from None
+
+
+def _instructions(
+    path: Path | None, kind: str
+) -> tuple[dict[str, tuple[str, ...] | Malformed], dict[str, dict[str, Any]]]:
+    """The instructions file reduced to what a conversion reads: asin -> attributes (or the
+    Malformed that skips its product), and asin -> its synthetic instruction's two fields
+    (synthetic goals only; entries with a null instruction make no goal)."""
+    attributes: dict[str, tuple[str, ...] | Malformed] = {}
+    synthetic: dict[str, dict[str, Any]] = {}
+    if path is None:
+        return attributes, synthetic
+    interned: dict[str, str] = {}  # WebShop's attribute phrases repeat across products
+    for asin, entry in _records(iter_object(path, "asin -> attributes")):
+        attributes.pop(asin, None)  # a repeated asin: the last entry counts, as in a dict
+        synthetic.pop(asin, None)
+        try:
+            found = read_attributes(path, asin, entry)
+        except Malformed as m:
+            attributes[asin] = m
+            continue
+        if found:
+            attributes[asin] = tuple(interned.setdefault(a, a) for a in found)
+        if kind == "synthetic" and entry.get("instruction") is not None:
+            keys = ("instruction", "instruction_attributes")
+            synthetic[asin] = {k: entry[k] for k in keys if k in entry}
+    return attributes, synthetic
+
+
+def _human(path: Path | None) -> dict[str, Any]:
+    return dict(_records(iter_object(path, "asin -> instructions"))) if path else {}
+
+
+def _goals(
+    targets: Iterable[Product],
+    kind: str,
+    synthetic: dict[str, dict[str, Any]],
+    human: dict[str, Any],
+    paths: dict[str, Path | None],
+    rng: random.Random,
+    report: ConvertReport,
+    keep: Callable[[Goal], None],
+) -> None:
+    """goal.py's goals of the products that have instructions, to `keep` in product order; a
+    malformed instruction is skipped and counted."""
+    tally = report.instructions
+    for p in targets:
+        if kind == "synthetic" and p.asin in synthetic:
+            tally.read += 1
+            try:
+                text, attributes = read_synthetic(paths["instructions"], p.asin, synthetic[p.asin])
+            except Malformed as m:
+                tally.count(m)
+                continue
+            for goal in synthetic_goals(p, text, attributes, rng):
+                keep(goal)
+                report.goals += 1
+        elif kind == "human" and p.asin in human:
+            path = paths["human"]
+            try:
+                entries = human_entries(path, p.asin, human[p.asin])
+            except Malformed as m:
+                tally.read += 1
+                tally.count(m)
+                continue
+            for j, raw in enumerate(entries):
+                tally.read += 1
+                try:
+                    text, attributes, values = read_human(path, p.asin, j, raw)
+                except Malformed as m:
+                    tally.count(m)
+                    continue
+                if not attributes:  # goal.py skips these
+                    report.skip("human instruction without attributes")
+                    continue
+                keep(human_goal(p, text, attributes, values, rng))
+                report.goals += 1
+
+
+def _existing(path: str | Path | None, what: str) -> Path | None:
+    if path is None:
+        return None
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path}: no such file ({what})")
+    return Path(path)
+
+
+def _read_items(
+    items: Path,
+    attributes: dict[str, tuple[str, ...] | Malformed],
+    instructed: set[str],
+    rng: random.Random,
+    report: ConvertReport,
+    max_products: int | None,
+    keep: Callable[[Product], None],
+    progress: Callable[[ConvertReport, int], None] | None,
+) -> list[Product]:
+    """Each product of the items file to `keep`, in file order; returns those whose asin is
+    in `instructed` (the products that make goals), the only ones held."""
+    targets: list[Product] = []
+    seen: set[str] = set()
+    bytes_read = 0
+    for i, (obj, bytes_read) in enumerate(_records(iter_array(items, "products"))):
+        if max_products is not None and i >= max_products:
+            break
+        report.items.read += 1
+        if progress is not None and report.items.read % PROGRESS_EVERY == 0:
+            progress(report, bytes_read)
+        try:
+            f = Fields(items, f"item {i}", obj)
+            asin = f.text("asin")
+            f.where = f"item {i} (asin {asin})"
+            if why := asin_skip(asin) or ("duplicate asin" if asin in seen else None):
+                report.skip(why)
+                continue
+            seen.add(asin)
+            found = attributes.get(asin, ())
+            if isinstance(found, Malformed):
+                raise found
+            product = read_product(f, found, rng)
+        except Malformed as m:
+            report.items.count(m)
+            continue
+        keep(product)
+        report.products += 1
+        if product.asin in instructed:
+            targets.append(product)
+    if progress is not None:
+        progress(report, bytes_read)
+    return targets
+
+
+def _convert(
+    c: Conversion,
+    keep_product: Callable[[Product], None],
+    keep_goal: Callable[[Goal], None],
+    progress: Callable[[ConvertReport, int], None] | None,
+) -> tuple[ConvertReport, dict[str, Any]]:
+    """Read the files, hand each product to `keep_product` in file order, then each goal to
+    `keep_goal`, and return the report and the manifest; `progress(report, bytes of the items
+    file read)` is called every `PROGRESS_EVERY` items."""
+    kind = c.kind
+    paths = {
+        "items": _existing(c.items, "products"),
+        "instructions": _existing(c.instructions, "asin -> attributes"),
+        "human": _existing(c.human_instructions, "asin -> instructions"),
+    }
+    attributes, synthetic = _instructions(paths["instructions"], kind)
+    human = _human(paths["human"]) if kind == "human" else {}
+    rng = random.Random(c.seed)
+    report = ConvertReport(goal_kind=kind)
+    instructed = synthetic.keys() | human.keys()
+    targets = _read_items(
+        c.items, attributes, instructed, rng, report, c.max_products, keep_product, progress
     )
-
-
-def _grouped(product: Product, values: list[str]) -> dict[str, str]:
-    """A human goal's option values keyed by the product's group holding each value."""
-    out: dict[str, str] = {}
-    for value in values:
-        group = next(
-            (g for g, vs in product.options.items() if _option_value(value) in vs and g not in out),
-            None,
-        )
-        out[group or f"option {len(out) + 1}"] = value
-    return out
+    report.items.check(c.max_malformed)
+    del attributes
+    _goals(targets, kind, synthetic, human, paths, rng, report, keep_goal)
+    report.instructions.check(c.max_malformed)
+    manifest: dict[str, Any] = {
+        "source": "webshop",
+        "items": c.items.name,
+        "goal_kind": kind,
+        "seed": c.seed,
+        "skipped": dict(report.skipped),
+    }
+    if report.malformed():
+        manifest["malformed"] = {"limit": c.max_malformed, **report.malformed()}
+    return report, manifest
 
 
 def convert_webshop(
@@ -219,99 +393,47 @@ def convert_webshop(
     goals: str | None = None,
     seed: int = 0,
     max_products: int | None = None,
+    max_malformed: float = DEFAULT_MAX_MALFORMED,
+    progress: Callable[[ConvertReport, int], None] | None = None,
 ) -> tuple[Shop, ConvertReport]:
-    """A `Shop` from WebShop's files. `goals`: "human" (needs `human_instructions`),
-    "synthetic" (needs `instructions`), or None for human where that file is given, else
-    synthetic where `instructions` is, else none. `max_products`: keep the first N items, as
-    WebShop's `num_products` does."""
-    if max_products is not None and max_products < 1:
-        raise ValueError(f"max_products must be >= 1, got {max_products}")
-    if goals is None:
-        goals = "human" if human_instructions else "synthetic" if instructions else "none"
-    needs = {"human": human_instructions, "synthetic": instructions, "none": True}
-    if goals not in needs:
-        raise ValueError(f"goals must be human, synthetic or None, got {goals!r}")
-    if not needs[goals]:
-        flag = "--human-instructions" if goals == "human" else "--instructions"
-        raise ValueError(f"{goals} goals need {flag} FILE")
-    if human_instructions and not instructions:
-        raise ValueError(
-            "--human-instructions needs --instructions (items_ins_v2.json) too: WebShop reads "
-            "every product's attributes, which the reward matches, from it"
-        )
-    items = Path(items)
-    raw_items = _load_json(items, list, "products")
-    if max_products is not None:
-        raw_items = raw_items[:max_products]
-    ins: Mapping[str, Any] = (
-        _load_json(Path(instructions), dict, "asin -> attributes") if instructions else {}
+    """A `Shop` from WebShop's files, held in memory (for files of thousands of products;
+    `write_webshop` writes WebShop's full files in bounded memory). `goals`: "human" (needs
+    `human_instructions`), "synthetic" (needs `instructions`), or None for human where that
+    file is given, else synthetic where `instructions` is, else none. `max_products`: keep
+    the first N items, as WebShop's `num_products` does. `max_malformed`: the share of items,
+    or of instructions, that may be skipped as malformed before the conversion fails."""
+    c = Conversion(
+        items, instructions, human_instructions, goals, seed, max_products, max_malformed
     )
-    human: Mapping[str, Any] = (
-        _load_json(Path(human_instructions), dict, "asin -> instructions")
-        if human_instructions
-        else {}
-    )
-    rng = random.Random(seed)
-    report = ConvertReport(goal_kind=goals)
     products: list[Product] = []
-    seen: set[str] = set()
-    for i, obj in enumerate(raw_items):
-        f = _Fields(items, f"item {i}", obj)
-        asin = f.text("asin")
-        f.where = f"item {i} (asin {asin})"
-        if asin == "nan" or len(asin) > MAX_ASIN_LENGTH:
-            report.skip("bad asin")
-            continue
-        if asin in seen:
-            report.skip("duplicate asin")
-            continue
-        seen.add(asin)
-        attributes: list[str] = []
-        if asin in ins:
-            entry = _Fields(Path(instructions), f"asin {asin}", ins[asin])
-            if "attributes" in entry.obj:
-                attributes = entry.str_list("attributes")
-        products.append(_product(f, attributes, rng))
-
     goal_list: list[Goal] = []
-    for p in products:
-        if goals == "human" and p.asin in human:
-            entries = human[p.asin]
-            path = Path(human_instructions)
-            if not isinstance(entries, list):
-                raise ShopFormatError(f"{path}: asin {p.asin}: expected a list of instructions")
-            for j, raw in enumerate(entries):
-                e = _Fields(path, f"asin {p.asin} instruction {j}", raw)
-                attributes = e.str_list("instruction_attributes")
-                if not attributes:  # goal.py skips these
-                    report.skip("human instruction without attributes")
-                    continue
-                values = e.str_list("instruction_options", allow_none=True)
-                options = None if values is None else _grouped(p, values)
-                upper, price_text = price_bound(p.price, rng)
-                text = e.text("instruction").strip(".") + price_text
-                goal_list.append(Goal.of(p, text, attributes, options, upper, source="human"))
-        elif goals == "synthetic" and p.asin in ins:
-            e = _Fields(Path(instructions), f"asin {p.asin}", ins[p.asin])
-            instruction = e.obj.get("instruction")
-            if instruction is None:
-                continue
-            instruction = e.text("instruction")
-            attributes = e.str_list("instruction_attributes")
-            if not attributes:
-                raise e.error("instruction_attributes", "empty (goal.py requires some)")
-            upper, price_text = price_bound(p.price, rng)
-            names = sorted(p.options)
-            for combination in itertools.product(*(p.options[n] for n in names)):
-                options = dict(zip(names, combination, strict=True))
-                text = f"{instruction}{option_text(options)}{price_text}"
-                goal_list.append(Goal.of(p, text, attributes, options, upper))
-    report.products, report.goals = len(products), len(goal_list)
-    manifest = {
-        "source": "webshop",
-        "items": items.name,
-        "goal_kind": goals,
-        "seed": seed,
-        "skipped": dict(report.skipped),
-    }
+    report, manifest = _convert(c, products.append, goal_list.append, progress)
     return Shop(tuple(products), tuple(goal_list), manifest), report
+
+
+def write_webshop(
+    out_dir: str | Path,
+    c: Conversion,
+    progress: Callable[[ConvertReport, int], None] | None = None,
+) -> ConvertReport:
+    """The shop of conversion `c` written into `out_dir`: what `convert_webshop` returns, as
+    `Shop.save` writes it, byte for byte, without holding the products or the goals: each is
+    written to its file's temporary as it is made. The files replace those in `out_dir` only
+    once every check has passed (the manifest last), so a conversion that fails leaves an
+    earlier shop there as it was."""
+    out = Path(out_dir)
+    with (
+        atomic_path(out / PRODUCTS_FILE) as products_tmp,
+        atomic_path(out / GOALS_FILE) as goals_tmp,
+        open(products_tmp, "w", encoding="utf-8") as products,
+        open(goals_tmp, "w", encoding="utf-8") as goal_lines,
+    ):
+        report, manifest = _convert(c, _writer(products), _writer(goal_lines), progress)
+        (out / MANIFEST_FILE).unlink(missing_ok=True)
+    write_manifest(out, manifest, report.products, report.goals)
+    return report
+
+
+def _writer(f: TextIO) -> Callable[[Product | Goal], None]:
+    """A row's line appended to `f` (`catalog.write_jsonl`'s lines, one at a time)."""
+    return lambda row: f.write(jsonl_line(row.to_dict()))

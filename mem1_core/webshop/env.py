@@ -47,7 +47,7 @@ from mem1_core.trajectory.record import Action, Trajectory
 from mem1_core.webshop.catalog import Goal, Product, Shop
 from mem1_core.webshop.pages import BUY_NOW, SEARCH, Page, apply, parse_action
 from mem1_core.webshop.reward import OPTION_MATCHES, noun_parser, webshop_reward
-from mem1_core.webshop.search import ShopSearch
+from mem1_core.webshop.search import ShopSearch, shop_search
 from mem1_core.webshop.views import OBSERVATIONS, first_observation, observe
 
 WEBSHOP_INSTRUCTIONS = (
@@ -177,7 +177,7 @@ class WebShopEnvironment(Environment):
         key = (shop_name, keywords.lower())
         if key not in self._results:
             if shop_name not in self._search:
-                self._search[shop_name] = ShopSearch(self.shops[shop_name].products)
+                self._search[shop_name] = shop_search(self.shops[shop_name])
             self._results[key] = self._search[shop_name].search(keywords, self.max_results)
         return self._results[key]
 

@@ -216,6 +216,13 @@ def register_data(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-products", type=int, default=None, help="keep the first N items (WebShop's subsets)"
     )
+    p.add_argument(
+        "--max-malformed",
+        type=float,
+        default=0.01,
+        help="share of items, or of instructions, that may be skipped as malformed (a field "
+        "missing or of the wrong type) before the conversion fails (default 0.01: 1%%)",
+    )
     p.add_argument("--out", required=True, help="output shop directory")
     p.set_defaults(func=cmd_data_webshop)
 
@@ -268,24 +275,49 @@ def cmd_data_shop(args: argparse.Namespace) -> int:
 
 
 def cmd_data_webshop(args: argparse.Namespace) -> int:
-    from mem1_core.webshop.convert import convert_webshop
+    from tqdm.auto import tqdm
 
-    t0 = time.perf_counter()
-    shop, report = convert_webshop(
+    from mem1_core.webshop.convert import Conversion, write_webshop
+
+    conversion = Conversion(  # flags that contradict each other fail here, before any reading
         args.items,
         args.instructions,
         args.human_instructions,
         goals=args.goals,
         seed=args.seed,
         max_products=args.max_products,
+        max_malformed=args.max_malformed,
     )
-    shop.save(args.out)
+    t0 = time.perf_counter()
+    # a bar on a terminal only (tqdm's disable=None): a log gets the summary line
+    with tqdm(
+        total=conversion.items.stat().st_size if conversion.items.is_file() else None,
+        desc="convert items",
+        unit="B",
+        unit_scale=True,
+        disable=None,
+    ) as bar:
+
+        def progress(report, bytes_read: int) -> None:
+            bar.update(bytes_read - bar.n)
+            read = report.items.read
+            bar.set_postfix(
+                items=read,
+                kept=report.products,
+                skipped=read - report.products,
+                rate=f"{read / max(time.perf_counter() - t0, 1e-9):.0f} items/s",
+                refresh=False,
+            )
+
+        report = write_webshop(args.out, conversion, progress)
     summary = {
         "out": args.out,
+        "items": report.items.read,
         "products": report.products,
         "goals": report.goals,
         "goal_kind": report.goal_kind,
         "skipped": report.skipped,
+        "malformed": report.malformed(),
         "seconds": round(time.perf_counter() - t0, 3),
     }
     print(json.dumps(summary))
