@@ -183,6 +183,12 @@ def test_parts_merged_give_the_whole_runs_headline_figure_for_figure(runs, tmp_p
     # the warm start was evaluated in both parts from the same weights: kept once
     assert {p["label"] for p in h["parts"]} == {"seed 0", "seed 1"}
     assert h["walls"] == {"seed 1 · warm start": 61.0, "seed 0 · warm start": 60.0}
+    assert h["complete"] and whole["complete"]
+    # one part alone: the arm runs the whole experiment has and no part trained are named
+    alone = headline_of(read_records(str(tmp_path / "seed1")))
+    arms = sorted({a["arm"] for a in merged.arms})
+    assert not alone["complete"]
+    assert sorted(alone["pending"]) == [f"{arm} seed 0: no part has run it" for arm in arms]
 
 
 def test_the_records_are_small_and_an_export_stopped_halfway_is_not_read(runs, tmp_path):

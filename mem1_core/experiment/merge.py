@@ -125,6 +125,26 @@ def merge_records(recs: list[Records]) -> Records:
     return out
 
 
+def not_run(spec, rec: Records) -> list[str]:
+    """The arm runs of the whole experiment that no merged part trains, one entry per arm
+    ("mem1-ppo seeds 0, 2: no part has run it"); a part's own unfinished stages are its
+    `pending`."""
+    from mem1_core.experiment.parts import select_part
+
+    taken = set()
+    for p in rec.parts:
+        sel = p.get("selection") or {}
+        part = select_part(spec, sel.get("seeds"), sel.get("part"))
+        taken |= {(arm, s) for arm, a in part.arms.items() for s in a.seeds}
+    out = []
+    for arm, a in spec.arms.items():
+        seeds = [str(s) for s in a.seeds if (arm, s) not in taken]
+        if seeds:
+            many = "seeds" if len(seeds) > 1 else "seed"
+            out.append(f"{arm} {many} {', '.join(seeds)}: no part has run it")
+    return out
+
+
 def headline_of(rec: Records) -> dict[str, Any]:
     """The experiment's headline (experiment_headline's) from its records, with `complete`,
     `pending`, the PPO arms' curves, each stage's wall time and CPU, and each part's
@@ -147,7 +167,8 @@ def headline_of(rec: Records) -> dict[str, Any]:
         evals, rec.own_world, rec.train_n, spec.se_bar, spec.peak_ratio_bar, spec.name,
         list(spec.agents), spec.roles, spec.above, behaviours, spec.effects, spec.paper,
     )  # fmt: skip
-    h["complete"], h["pending"] = not rec.pending, rec.pending
+    pending = rec.pending + not_run(spec, rec)
+    h["complete"], h["pending"] = not pending, pending
     h["curves"] = {f"{a['arm']} · seed {a['seed']}": a["curve"]
                    for a in rec.arms if a["trainer"] != "sft"}  # fmt: skip
     several = len(rec.parts) > 1
