@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -268,7 +269,16 @@ def test_report_merges_sources_on_the_command_line(runs, tmp_path, capsys):
 
     root, _ = runs
     assert main(["experiment", "export", str(root / "seed0"), "--out", str(tmp_path / "r0")]) == 0
-    assert "kB ->" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "kB ->" in printed.out and "warning" not in printed.err
+    # a run made at another commit: its records say how this code reads the experiment
+    other = tmp_path / "seed1-elsewhere"
+    shutil.copytree(root / "seed1", other, symlinks=True)
+    record = json.loads((other / "experiment.json").read_text())
+    record["code"] = {"commit": "0" * 40, "dirty": False}
+    (other / "experiment.json").write_text(json.dumps(record))
+    assert main(["experiment", "export", str(other), "--out", str(tmp_path / "r1")]) == 0
+    assert "ran at commit 000000000000" in capsys.readouterr().err
     out = tmp_path / "merged"
     assert main(["experiment", "report", str(tmp_path / "r0"), str(root / "seed1"),
                  "--out", str(out)]) == 0  # fmt: skip

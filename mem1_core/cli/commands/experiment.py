@@ -56,6 +56,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     if rec.pending and not args.partial:
         return _fail(f"{args.run} has not finished ({'; '.join(rec.pending)}); resume it, or "
                      "give --partial")  # fmt: skip
+    ran, now = (rec.parts[0].get(k) or {} for k in ("code", "exported_with"))
+    if ran.get("commit") and now.get("commit") and ran["commit"] != now["commit"]:
+        print(f"warning: {args.run} ran at commit {ran['commit'][:12]}, this code is "
+              f"{now['commit'][:12]}: the arms' training settings are recorded as this code "
+              "resolves the experiment (export from a checkout of the run's commit to record "
+              "them as it ran)", file=sys.stderr)  # fmt: skip
     manifest = write_records(rec, args.out)
     size = sum(f["bytes"] for f in manifest["files"].values())
     print(f"records of {args.run} ({rec.parts[0]['label']}): {len(rec.tasks)} task rows, "
