@@ -787,7 +787,10 @@ def test_a_run_refuses_an_arm_declared_otherwise_under_its_name(tmp_path):
         check_run_dir(tmp_path, other, base_config(other))
 
 
-@pytest.mark.parametrize("name", ["smoke", "smol", "horizon", "horizon-pilot", "modes", "webshop"])
+SHIPPED = sorted(p.stem for p in (Path(__file__).parents[1] / "data" / "experiments").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", SHIPPED)
 def test_every_shipped_experiment_loads_and_resolves_its_plan(name, tmp_path):
     spec = load_experiment(name)
     cfg = base_config(spec)
