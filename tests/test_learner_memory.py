@@ -117,10 +117,11 @@ def test_the_trees_logprobs_and_gradients_do_not_depend_on_the_chunk(models, mon
         (res.logprobs.sum() + 0.1 * res.entropy.sum()).backward()
         out.append((res.logprobs, res.entropy, [p.grad for p in model.parameters()]))
     (logp_a, ent_a, grads_a), (logp_b, ent_b, grads_b) = out
-    torch.testing.assert_close(logp_a, logp_b, atol=1e-6, rtol=0)
-    torch.testing.assert_close(ent_a, ent_b, atol=1e-6, rtol=0)
+    # the vocabulary summed in chunks: a few float32 ulps apart on some CPUs (AMD EPYC, AVX512)
+    torch.testing.assert_close(logp_a, logp_b, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(ent_a, ent_b, atol=1e-6, rtol=1e-6)
     for a, b in zip(grads_a, grads_b, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(a, b, atol=5e-6, rtol=1e-5)
 
 
 def test_under_autocast_every_layer_keeps_the_one_mask_and_no_head_keeps_q_by_k(models):  # noqa: F811
