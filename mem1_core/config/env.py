@@ -20,7 +20,7 @@ class EnvConfig(Section):
     kind: str = "qa"
     """`qa`: multi-objective question answering with a retriever (the world or QA data;
     mem1_core.qa). `websearch`: the same tasks searched through a web search API
-    (`retrieval.web_*`; mem1_core.websearch). `webshop`: WebShop's shopping tasks
+    (`retrieval.web_endpoint` and the other web fields; mem1_core.websearch). `webshop`: WebShop's shopping tasks
     (mem1_core.webshop), search and click in a shop."""
     shop_seed: int = 0
     """`webshop`: the seed of the embedded shop that training goals come from."""
